@@ -1,0 +1,11 @@
+"""Triton attention kernels (dense and sparse) with exact PyTorch references.
+
+Layout ``[B, H, S, D]``; GQA handled natively; every op returns ``AttentionOutput(out, lse)``.
+"""
+
+from ._types import AttentionOutput
+from .attention import attention
+from .merge import merge_attention
+
+__all__ = ["AttentionOutput", "attention", "merge_attention"]
+__version__ = "0.1.0"

@@ -1,0 +1,90 @@
+"""Input validation shared by the public ops: errors name what was expected and what came."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TRITON_HEAD_DIMS = (64, 80, 96, 128)
+IMPLS = ("auto", "triton", "reference")
+
+
+def check_tensor(t: object, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[int, int, int, int, int, int]:
+    """Validate ``[B, H, S, D]`` q/k/v; return ``(B, H, H_KV, S_Q, S_KV, D)``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(t, name)
+        if t.ndim != 4:
+            raise ValueError(
+                f"{name}: expected a 4-D tensor [B, H, S, D], got {t.ndim}-D with shape {tuple(t.shape)}"
+            )
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}"
+        )
+    B, H, S_Q, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape [B, H_KV, S_KV, D], got k={tuple(k.shape)}, v={tuple(v.shape)}"
+        )
+    Bk, H_KV, S_KV, Dk = k.shape
+    if Bk != B:
+        raise ValueError(f"batch mismatch: expected k/v batch {B} (from q), got {Bk}")
+    if Dk != D:
+        raise ValueError(f"head dim mismatch: expected k/v head dim {D} (from q), got {Dk}")
+    if H_KV == 0 or H % H_KV != 0:
+        raise ValueError(
+            f"GQA needs H % H_KV == 0: got H={H} query heads and H_KV={H_KV} key/value heads"
+        )
+    if S_Q == 0 or S_KV == 0 or B == 0:
+        raise ValueError(f"expected non-empty tensors, got q={tuple(q.shape)}, k={tuple(k.shape)}")
+    return B, H, H_KV, S_Q, S_KV, D
+
+
+def check_scale(scale: float | None, D: int) -> float:
+    if scale is None:
+        return D**-0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+    if not scale > 0:
+        raise ValueError(f"scale: expected a positive float, got {scale}")
+    return float(scale)
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def resolve_impl(impl: str, device: torch.device, op: str) -> str:
+    """``"auto"`` is triton on CUDA and reference elsewhere (the CPU)."""
+    if impl not in IMPLS:
+        raise ValueError(f"{op}: impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "triton" if device.type == "cuda" else "reference"
+    if impl == "triton" and device.type != "cuda" and not interpreter_enabled():
+        raise ValueError(
+            f"{op}: impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before import "
+            f"for the CPU interpreter), got tensors on {device}"
+        )
+    return impl
+
+
+def check_triton_head_dim(D: int, op: str) -> None:
+    if D not in TRITON_HEAD_DIMS:
+        raise NotImplementedError(
+            f"{op}: the Triton kernel supports head dims {TRITON_HEAD_DIMS}, got {D} "
+            f"(impl='reference' takes any head dim)"
+        )

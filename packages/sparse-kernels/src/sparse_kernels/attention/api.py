@@ -1,0 +1,46 @@
+"""Public dense attention op."""
+
+from __future__ import annotations
+
+import torch
+
+from .._types import AttentionOutput
+from .._validate import check_qkv, check_scale, check_triton_head_dim, resolve_impl
+from .reference import attention_reference
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    impl: str = "auto",
+) -> AttentionOutput:
+    """Dense flash attention with log-sum-exp.
+
+    Args:
+        q: ``[B, H, S_Q, D]``; k, v: ``[B, H_KV, S_KV, D]`` with ``H % H_KV == 0`` (GQA is handled
+            in the kernel, K/V are never repeated). fp16, bf16 or fp32, one dtype and device.
+        causal: query row ``i`` sits at absolute position ``i + S_KV - S_Q`` and attends key ``j``
+            only if ``j <= i + S_KV - S_Q``. Rows whose position is negative (``S_Q > S_KV``)
+            attend nothing: ``out = 0``, ``lse = -inf``.
+        scale: softmax scale, default ``D ** -0.5``.
+        impl: ``"triton"`` (CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``"reference"``
+            (plain PyTorch) or ``"auto"``: triton on CUDA tensors, reference elsewhere.
+            The Triton kernel supports head dims 64, 80, 96 and 128.
+
+    Returns:
+        ``AttentionOutput(out, lse)``: ``out`` in q's dtype, ``lse`` float32 ``[B, H, S_Q]``.
+    """
+    _, _, _, _, _, D = check_qkv(q, k, v)
+    scale = check_scale(scale, D)
+    which = resolve_impl(impl, q.device, "attention")
+    if which == "reference":
+        return attention_reference(q, k, v, causal=causal, scale=scale)
+    check_triton_head_dim(D, "attention")
+    from .triton import _launch_attention_fwd
+
+    out, lse = _launch_attention_fwd(q, k, v, causal=causal, scale=scale)
+    return AttentionOutput(out, lse)

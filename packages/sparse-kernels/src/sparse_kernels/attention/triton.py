@@ -1,0 +1,231 @@
+"""Dense flash-attention forward with LSE (Triton).
+
+One program computes BLOCK_M query rows of one (batch, head) against all keys it may see,
+with the online softmax in fp32. Keys are walked in two phases: blocks that every row of the
+tile sees in full (no element mask, no bounds check) and the remaining blocks (causal diagonal
+and the ragged tail), where the element mask is applied.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton.config import block_d, configs
+
+_GPU_CONFIGS = [
+    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+]
+_INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
+
+
+def _prune(configs_, named_args, **kwargs):
+    # fp32 operands need twice the shared memory; keep the smaller tiles for them.
+    if named_args["q_ptr"].dtype == torch.float32 and len(configs_) > 1:
+        small = [c for c in configs_ if c.kwargs["BLOCK_N"] <= 64 and c.num_stages <= 2]
+        return small or configs_[-1:]
+    return configs_
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    stride_k_s,
+    stride_k_d,
+    stride_v_s,
+    stride_v_d,
+    q_pos,
+    offs_n,
+    offs_d,
+    lo,
+    hi,
+    S_KV,
+    qk_scale,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    d_ok = offs_d < D
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k_ptrs = k_base + cols[None, :] * stride_k_s + offs_d[:, None] * stride_k_d
+        v_ptrs = v_base + cols[:, None] * stride_v_s + offs_d[None, :] * stride_v_d
+        if MASKED:
+            col_ok = cols < S_KV
+            k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        elif BLOCK_D != D:
+            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        if IEEE:
+            qk = tl.dot(q, k, input_precision="ieee")
+        else:
+            qk = tl.dot(q, k)
+        if MASKED:
+            keep = col_ok[None, :]
+            if IS_CAUSAL:
+                keep = keep & (cols[None, :] <= q_pos[:, None])
+            qk = tl.where(keep, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            # A row that has seen no key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc = tl.dot(p, v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.autotune(
+    configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
+    key=["D", "IS_CAUSAL", "IEEE"],
+    prune_configs_by={"early_config_prune": _prune},
+)
+@triton.jit
+def _attn_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_q_b,
+    stride_q_h,
+    stride_q_s,
+    stride_q_d,
+    stride_k_b,
+    stride_k_h,
+    stride_k_s,
+    stride_k_d,
+    stride_v_b,
+    stride_v_h,
+    stride_v_s,
+    stride_v_d,
+    stride_o_b,
+    stride_o_h,
+    stride_o_s,
+    stride_o_d,
+    H,
+    GROUP,
+    S_Q,
+    S_KV,
+    sm_scale,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Heaviest causal tiles (last rows) first, so the tail of the grid is short work.
+    start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    h_kv = h // GROUP
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < S_Q
+    d_ok = offs_d < D
+
+    q_ptrs = (
+        q_ptr
+        + b.to(tl.int64) * stride_q_b
+        + h.to(tl.int64) * stride_q_h
+        + offs_m[:, None].to(tl.int64) * stride_q_s
+        + offs_d[None, :] * stride_q_d
+    )
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    k_base = k_ptr + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h
+    v_base = v_ptr + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h
+
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # Absolute position of each query row (DESIGN.md: row i sits at i + S_KV - S_Q).
+    q_pos = offs_m + (S_KV - S_Q)
+    if IS_CAUSAL:
+        first_pos = start_m * BLOCK_M + (S_KV - S_Q)
+        hi = tl.minimum(first_pos + BLOCK_M, S_KV)
+        full_hi = tl.minimum(first_pos + 1, S_KV)
+    else:
+        hi = S_KV
+        full_hi = S_KV
+    hi = tl.maximum(hi, 0)
+    # Key blocks [0, full_hi) are entirely visible to every row of this tile.
+    full_hi = tl.maximum(full_hi, 0) // BLOCK_N * BLOCK_N
+
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base,
+        stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+        q_pos, offs_n, offs_d, 0, full_hi, S_KV, qk_scale,
+        D, BLOCK_D, BLOCK_N, False, IS_CAUSAL, IEEE,
+    )  # fmt: skip
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base,
+        stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+        q_pos, offs_n, offs_d, full_hi, hi, S_KV, qk_scale,
+        D, BLOCK_D, BLOCK_N, True, IS_CAUSAL, IEEE,
+    )  # fmt: skip
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+
+    o_ptrs = (
+        out_ptr
+        + b.to(tl.int64) * stride_o_b
+        + h.to(tl.int64) * stride_o_h
+        + offs_m[:, None].to(tl.int64) * stride_o_s
+        + offs_d[None, :] * stride_o_d
+    )
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    lse_ptrs = lse_ptr + bh.to(tl.int64) * S_Q + offs_m
+    tl.store(lse_ptrs, lse, mask=row_ok)
+
+
+def _launch_attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    B, H, S_Q, D = q.shape
+    H_KV, S_KV = k.shape[1], k.shape[2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
+
+    def grid(meta):
+        return (triton.cdiv(S_Q, meta["BLOCK_M"]), B * H)
+
+    _attn_fwd_kernel[grid](
+        q, k, v, out, lse,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        H, H // H_KV, S_Q, S_KV, scale,
+        D=D, BLOCK_D=block_d(D), IS_CAUSAL=bool(causal), IEEE=q.dtype == torch.float32,
+    )  # fmt: skip
+    return out, lse

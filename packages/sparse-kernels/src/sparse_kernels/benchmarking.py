@@ -1,0 +1,83 @@
+"""Helpers for the pytest-benchmark suites: GPU timing, environment facts and FLOP counts."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+from collections.abc import Callable
+
+import torch
+
+
+def env_info() -> dict[str, str]:
+    """The facts a benchmark figure needs beside it: GPU, versions, date."""
+    import triton
+
+    info = {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = str(torch.version.cuda)
+    return info
+
+
+def causal_pairs(S_Q: int, S_KV: int) -> int:
+    """Number of (query, key) pairs of causal attention with the DESIGN.md alignment."""
+    off = S_KV - S_Q
+    total = 0
+    # rows with position p = i + off see min(p + 1, S_KV) keys (0 if p < 0)
+    lo = max(0, -off)
+    n = S_Q - lo
+    first = lo + off + 1
+    last = S_Q - 1 + off + 1
+    total = (first + last) * n // 2 if n > 0 else 0
+    return total
+
+
+def attention_flops(B: int, H: int, pairs: int, D: int) -> float:
+    """Two matmuls (QK^T and PV) of 2 FLOPs per multiply-add over the attended pairs."""
+    return 4.0 * B * H * pairs * D
+
+
+def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 3, rep: int = 10) -> float:
+    """Median wall time of ``fn`` on the GPU in ms, measured with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run_benchmark(benchmark, fn: Callable[[], object], *, rounds: int = 10, warmup_rounds: int = 2):
+    """Time ``fn`` with pytest-benchmark, the GPU synchronised inside the timed call."""
+
+    def call():
+        fn()
+        torch.cuda.synchronize()
+
+    return benchmark.pedantic(call, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1)
+
+
+def record(benchmark, *, flops_dense: float, flops_useful: float, **extra) -> None:
+    """Store TFLOP/s (from the median) and the environment in ``benchmark.extra_info``."""
+    med = benchmark.stats.stats.median
+    benchmark.extra_info.update(env_info())
+    benchmark.extra_info["median_ms"] = med * 1e3
+    benchmark.extra_info["dense_equiv_tflops"] = flops_dense / med / 1e12
+    benchmark.extra_info["useful_tflops"] = flops_useful / med / 1e12
+    if torch.cuda.is_available():
+        benchmark.extra_info["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    benchmark.extra_info.update(extra)

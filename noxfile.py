@@ -53,8 +53,9 @@ def gpu_tests(session: nox.Session) -> None:
         "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-tests needs a CUDA GPU')",
         env=env,
     )  # fmt: skip
+    # Paths given after `--` narrow the run; without them pytest's testpaths (all packages) apply.
     session.run(
-        sys.executable, "-m", "pytest", *TEST_DIRS, "-m", "not slow", "-p", "no:cacheprovider",
+        sys.executable, "-m", "pytest", "-m", "not slow", "-p", "no:cacheprovider",
         *session.posargs, env=env,
     )  # fmt: skip
 
@@ -70,11 +71,15 @@ def bench(session: nox.Session) -> None:
         [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name().replace(' ', '-'))"],
         capture_output=True, text=True, env={**os.environ, **env}, check=True,
     ).stdout.strip()  # fmt: skip
-    out = ROOT / "docs" / "benchmarks" / f"{gpu}-{datetime.date.today().isoformat()}.json"
-    benches = sorted(str(p) for p in ROOT.glob("*/*/benchmarks"))
+    out_dir = pathlib.Path(os.environ.get("BENCH_OUT", ROOT / "docs" / "benchmarks"))
+    out = out_dir / f"{gpu}-{datetime.date.today().isoformat()}.json"
+    # Benchmark files (or -k filters) given after `--` narrow the run.
+    paths = [a for a in session.posargs if not a.startswith("-")]
+    flags = [a for a in session.posargs if a.startswith("-")]
+    benches = paths or sorted(str(p) for p in ROOT.glob("*/*/benchmarks"))
     session.run(
         sys.executable, "-m", "pytest", *benches, "--benchmark-only", f"--benchmark-json={out}",
-        "-p", "no:cacheprovider", "-o", "python_files=bench_*.py", *session.posargs, env=env,
+        "-p", "no:cacheprovider", "-o", "python_files=bench_*.py", *flags, env=env,
     )  # fmt: skip
 
 

@@ -52,7 +52,8 @@ def _provider(name, q, k, v):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         S = q.shape[2]
-        bm = create_block_mask(lambda b, h, i, j: j <= i, None, None, S, S, device="cuda")
+        # _compile=True builds the block mask without materialising the S x S mask (128K would OOM).
+        bm = create_block_mask(lambda b, h, i, j: j <= i, None, None, S, S, device="cuda", _compile=True)
         flex = torch.compile(flex_attention, dynamic=False)
         return lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
     raise ValueError(name)

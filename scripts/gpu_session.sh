@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: install the carried wheels (nox), print the machine, then run the
+# nox sessions named in $GPU_STEPS. Logs and benchmark JSON go to $OUT.
+#   GPU_STEPS="tests bench" TESTS="paths..." BENCHES="paths..." bash scripts/gpu_session.sh
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'cuda', torch.version.cuda)"
+  date -u
+} 2>&1 | tee "$OUT/env.txt"
+rc=0
+for step in ${GPU_STEPS:-tests bench}; do
+  case $step in
+    tests) python3 -m nox -s gpu-tests -- ${TESTS:-} -q 2>&1 | tee "$OUT/gpu-tests.log"; rc=$((rc | ${PIPESTATUS[0]})) ;;
+    bench) BENCH_OUT=$OUT python3 -m nox -s bench -- ${BENCHES:-} 2>&1 | tee "$OUT/bench.log"; rc=$((rc | ${PIPESTATUS[0]})) ;;
+    *) bash -c "$step" 2>&1 | tee -a "$OUT/extra.log"; rc=$((rc | ${PIPESTATUS[0]})) ;;
+  esac
+done
+exit $rc

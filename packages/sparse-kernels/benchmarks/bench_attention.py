@@ -53,7 +53,9 @@ def _provider(name, q, k, v):
 
         S = q.shape[2]
         # _compile=True builds the block mask without materialising the S x S mask (128K would OOM).
-        bm = create_block_mask(lambda b, h, i, j: j <= i, None, None, S, S, device="cuda", _compile=True)
+        bm = create_block_mask(
+            lambda b, h, i, j: j <= i, None, None, S, S, device="cuda", _compile=True
+        )
         flex = torch.compile(flex_attention, dynamic=False)
         return lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
     raise ValueError(name)

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .._triton.config import block_d, configs
+from .._triton.inner import _attn_tile_inner
 
 _GPU_CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
@@ -30,73 +31,6 @@ def _prune(configs_, named_args, **kwargs):
         small = [c for c in configs_ if c.kwargs["BLOCK_N"] <= 64 and c.num_stages <= 2]
         return small or configs_[-1:]
     return configs_
-
-
-@triton.jit
-def _attn_fwd_inner(
-    acc,
-    l_i,
-    m_i,
-    q,
-    k_base,
-    v_base,
-    stride_k_s,
-    stride_k_d,
-    stride_v_s,
-    stride_v_d,
-    q_pos,
-    offs_n,
-    offs_d,
-    lo,
-    hi,
-    S_KV,
-    qk_scale,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    d_ok = offs_d < D
-    for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        k_ptrs = k_base + cols[None, :] * stride_k_s + offs_d[:, None] * stride_k_d
-        v_ptrs = v_base + cols[:, None] * stride_v_s + offs_d[None, :] * stride_v_d
-        if MASKED:
-            col_ok = cols < S_KV
-            k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        elif BLOCK_D != D:
-            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        if IEEE:
-            qk = tl.dot(q, k, input_precision="ieee")
-        else:
-            qk = tl.dot(q, k)
-        if MASKED:
-            keep = col_ok[None, :]
-            if IS_CAUSAL:
-                keep = keep & (cols[None, :] <= q_pos[:, None])
-            qk = tl.where(keep, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            # A row that has seen no key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if IEEE:
-            acc = tl.dot(p, v, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
-    return acc, l_i, m_i
 
 
 @triton.autotune(
@@ -181,17 +115,17 @@ def _attn_fwd_kernel(
     # Key blocks [0, full_hi) are entirely visible to every row of this tile.
     full_hi = tl.maximum(full_hi, 0) // BLOCK_N * BLOCK_N
 
-    acc, l_i, m_i = _attn_fwd_inner(
+    acc, l_i, m_i = _attn_tile_inner(
         acc, l_i, m_i, q, k_base, v_base,
         stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-        q_pos, offs_n, offs_d, 0, full_hi, S_KV, qk_scale,
-        D, BLOCK_D, BLOCK_N, False, IS_CAUSAL, IEEE,
+        q_pos, offs_n, offs_d, 0, full_hi, S_KV, qk_scale, 0, 0,
+        D, BLOCK_D, BLOCK_N, False, IS_CAUSAL, False, IEEE,
     )  # fmt: skip
-    acc, l_i, m_i = _attn_fwd_inner(
+    acc, l_i, m_i = _attn_tile_inner(
         acc, l_i, m_i, q, k_base, v_base,
         stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-        q_pos, offs_n, offs_d, full_hi, hi, S_KV, qk_scale,
-        D, BLOCK_D, BLOCK_N, True, IS_CAUSAL, IEEE,
+        q_pos, offs_n, offs_d, full_hi, hi, S_KV, qk_scale, 0, 0,
+        D, BLOCK_D, BLOCK_N, True, IS_CAUSAL, False, IEEE,
     )  # fmt: skip
 
     empty = l_i == 0.0

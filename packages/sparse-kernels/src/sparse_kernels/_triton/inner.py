@@ -1,0 +1,84 @@
+"""The online-softmax tile loop shared by the attention kernels."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attn_tile_inner(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    stride_k_s,
+    stride_k_d,
+    stride_v_s,
+    stride_v_d,
+    q_pos,
+    offs_n,
+    offs_d,
+    lo,
+    hi,
+    S_KV,
+    qk_scale,
+    sink,
+    window,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """Online-softmax update of one query tile over key blocks [lo, hi) (steps of BLOCK_N).
+
+    MASKED applies the element mask (key bounds, causal on ``q_pos``, and with HAS_WINDOW the
+    sink/window rule ``j < sink or q_pos - j < window``); unmasked calls must only cover blocks
+    that every row of the tile sees in full.
+    """
+    d_ok = offs_d < D
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k_ptrs = k_base + cols[None, :] * stride_k_s + offs_d[:, None] * stride_k_d
+        v_ptrs = v_base + cols[:, None] * stride_v_s + offs_d[None, :] * stride_v_d
+        if MASKED:
+            col_ok = cols < S_KV
+            k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        elif BLOCK_D != D:
+            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        if IEEE:
+            qk = tl.dot(q, k, input_precision="ieee")
+        else:
+            qk = tl.dot(q, k)
+        if MASKED:
+            keep = col_ok[None, :]
+            if IS_CAUSAL:
+                keep = keep & (cols[None, :] <= q_pos[:, None])
+            if HAS_WINDOW:
+                keep = keep & ((cols[None, :] < sink) | (q_pos[:, None] - cols[None, :] < window))
+            qk = tl.where(keep, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            # A row that has seen no key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc = tl.dot(p, v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i

@@ -6,6 +6,13 @@ Layout ``[B, H, S, D]``; GQA handled natively; every op returns ``AttentionOutpu
 from ._types import AttentionOutput
 from .attention import attention
 from .merge import merge_attention
+from .triangle import a_shape_attention, triangle_attention
 
-__all__ = ["AttentionOutput", "attention", "merge_attention"]
+__all__ = [
+    "AttentionOutput",
+    "a_shape_attention",
+    "attention",
+    "merge_attention",
+    "triangle_attention",
+]
 __version__ = "0.1.0"

@@ -1,0 +1,303 @@
+"""Triangle attention (A-shape + dense last rows) in one launch, plus an LSE merge of the last rows.
+
+Program ids along axis 0 are of two kinds:
+- split programs (first ``n_lq * n_chunks`` ids): one tile of the last ``L`` query rows against one
+  chunk of keys; partial (out, lse) go to an fp32 workspace;
+- A-shape programs (the rest): one tile of the other rows against its sink blocks and its window
+  blocks only.
+A second tiny kernel merges the chunks of the last rows by LSE into the output.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton.config import block_d, configs
+from .._triton.inner import _attn_tile_inner
+
+_GPU_CONFIGS = [
+    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
+]
+_INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
+# Key chunks of the dense last rows are a multiple of every BLOCK_N above.
+_CHUNK_ALIGN = 128
+
+
+def _prune(configs_, named_args, **kwargs):
+    # fp32 operands need twice the shared memory; keep the smaller tiles for them.
+    if named_args["q_ptr"].dtype == torch.float32 and len(configs_) > 1:
+        small = [c for c in configs_ if c.kwargs["BLOCK_N"] <= 64 and c.num_stages <= 2]
+        return small or configs_[-1:]
+    return configs_
+
+
+@triton.autotune(
+    configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
+    key=["D", "IEEE"],
+    prune_configs_by={"early_config_prune": _prune},
+)
+@triton.jit
+def _triangle_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    lse_ptr,
+    ws_out_ptr,
+    ws_lse_ptr,
+    stride_q_b,
+    stride_q_h,
+    stride_q_s,
+    stride_q_d,
+    stride_k_b,
+    stride_k_h,
+    stride_k_s,
+    stride_k_d,
+    stride_v_b,
+    stride_v_h,
+    stride_v_s,
+    stride_v_d,
+    stride_o_b,
+    stride_o_h,
+    stride_o_s,
+    stride_o_d,
+    H,
+    GROUP,
+    S_Q,
+    S_KV,
+    sm_scale,
+    sink,
+    window,
+    L,
+    n_chunks,
+    chunk,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    h_kv = h // GROUP
+    n_split = tl.cdiv(L, BLOCK_M) * n_chunks
+    is_split = pid < n_split
+    # Split programs: tile `lq` of the last L rows, key chunk `c`. A-shape programs: tile `m`.
+    lq = pid // tl.maximum(n_chunks, 1)
+    c = pid % tl.maximum(n_chunks, 1)
+    m = pid - n_split
+    row0 = tl.where(is_split, S_Q - L + lq * BLOCK_M, m * BLOCK_M)
+
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    in_q = (offs_m < S_Q) & (offs_m >= 0)
+    q_ptrs = (
+        q_ptr
+        + b.to(tl.int64) * stride_q_b
+        + h.to(tl.int64) * stride_q_h
+        + offs_m[:, None].to(tl.int64) * stride_q_s
+        + offs_d[None, :] * stride_q_d
+    )
+    q = tl.load(q_ptrs, mask=in_q[:, None] & d_ok[None, :], other=0.0)
+    k_base = k_ptr + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h
+    v_base = v_ptr + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h
+
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    q_pos = offs_m + (S_KV - S_Q)
+    p_lo = row0 + (S_KV - S_Q)
+    p_hi = p_lo + BLOCK_M - 1
+    hi = tl.maximum(tl.minimum(p_hi + 1, S_KV), 0)
+    # Key blocks [0, full_hi) are causally visible to every row of the tile.
+    full_hi = tl.maximum(tl.minimum(p_lo + 1, S_KV), 0) // BLOCK_N * BLOCK_N
+
+    if is_split:
+        # Dense causal rows over keys [c * chunk, (c + 1) * chunk).
+        lo = c * chunk
+        c_hi = tl.minimum(lo + chunk, hi)
+        u_hi = tl.maximum(tl.minimum(full_hi, c_hi), lo)
+        acc, l_i, m_i = _attn_tile_inner(
+            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, offs_n, offs_d, lo, u_hi, S_KV, qk_scale, sink, window,
+            D, BLOCK_D, BLOCK_N, False, True, False, IEEE,
+        )  # fmt: skip
+        acc, l_i, m_i = _attn_tile_inner(
+            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, offs_n, offs_d, u_hi, c_hi, S_KV, qk_scale, sink, window,
+            D, BLOCK_D, BLOCK_N, True, True, False, IEEE,
+        )  # fmt: skip
+    else:
+        # Sink blocks [0, sink_end), with the full sink/window/causal element mask.
+        sink_end = tl.cdiv(sink, BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _attn_tile_inner(
+            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, offs_n, offs_d, 0, tl.minimum(sink_end, hi), S_KV, qk_scale, sink, window,
+            D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
+        )  # fmt: skip
+        # Window blocks from s0; [f_lo, f_hi) is inside every row's window and causally visible.
+        s0 = tl.maximum(tl.maximum(p_lo - window + 1, 0) // BLOCK_N * BLOCK_N, sink_end)
+        f_lo = tl.maximum(tl.cdiv(tl.maximum(p_hi - window + 1, 0), BLOCK_N) * BLOCK_N, s0)
+        has_full = full_hi > f_lo
+        b_end = tl.where(has_full, f_lo, hi)
+        c_lo = tl.where(has_full, f_lo, hi)
+        c_hi = tl.where(has_full, full_hi, hi)
+        acc, l_i, m_i = _attn_tile_inner(
+            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, offs_n, offs_d, s0, b_end, S_KV, qk_scale, sink, window,
+            D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
+        )  # fmt: skip
+        acc, l_i, m_i = _attn_tile_inner(
+            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, offs_n, offs_d, c_lo, c_hi, S_KV, qk_scale, sink, window,
+            D, BLOCK_D, BLOCK_N, False, True, True, IEEE,
+        )  # fmt: skip
+        acc, l_i, m_i = _attn_tile_inner(
+            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, offs_n, offs_d, tl.maximum(c_hi, s0), hi, S_KV, qk_scale, sink, window,
+            D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
+        )  # fmt: skip
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+
+    if is_split:
+        r = lq * BLOCK_M + tl.arange(0, BLOCK_M)
+        r_ok = r < L
+        ws_row = (bh.to(tl.int64) * n_chunks + c) * L + r
+        tl.store(
+            ws_out_ptr + ws_row[:, None] * D + offs_d[None, :],
+            out,
+            mask=r_ok[:, None] & d_ok[None, :],
+        )
+        tl.store(ws_lse_ptr + ws_row, lse, mask=r_ok)
+    else:
+        row_ok = offs_m < S_Q - L
+        o_ptrs = (
+            out_ptr
+            + b.to(tl.int64) * stride_o_b
+            + h.to(tl.int64) * stride_o_h
+            + offs_m[:, None].to(tl.int64) * stride_o_s
+            + offs_d[None, :] * stride_o_d
+        )
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(lse_ptr + bh.to(tl.int64) * S_Q + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def _triangle_merge_kernel(
+    ws_out_ptr,
+    ws_lse_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_o_b,
+    stride_o_h,
+    stride_o_s,
+    stride_o_d,
+    H,
+    S_Q,
+    L,
+    n_chunks,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    r_ok = r < L
+    rd_ok = r_ok[:, None] & (offs_d[None, :] < D)
+    base = bh.to(tl.int64) * n_chunks * L
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for c in range(n_chunks):
+        m = tl.maximum(m, tl.load(ws_lse_ptr + base + c * L + r, mask=r_ok, other=float("-inf")))
+    # A row that saw no key keeps m = -inf; use 0 so that exp gives 0, not NaN.
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    den = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for c in range(n_chunks):
+        rows = base + c * L + r
+        w = tl.exp(tl.load(ws_lse_ptr + rows, mask=r_ok, other=float("-inf")) - m_safe)
+        o = tl.load(ws_out_ptr + rows[:, None] * D + offs_d[None, :], mask=rd_ok, other=0.0)
+        acc += w[:, None] * o
+        den += w
+    empty = den == 0.0
+    d_safe = tl.where(empty, 1.0, den)
+    out = acc / d_safe[:, None]
+    lse = tl.where(empty, float("-inf"), m_safe + tl.log(d_safe))
+    rows_q = (S_Q - L + r).to(tl.int64)
+    o_ptrs = (
+        out_ptr
+        + b.to(tl.int64) * stride_o_b
+        + h.to(tl.int64) * stride_o_h
+        + rows_q[:, None] * stride_o_s
+        + offs_d[None, :] * stride_o_d
+    )
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=rd_ok)
+    tl.store(lse_ptr + bh.to(tl.int64) * S_Q + rows_q, lse, mask=r_ok)
+
+
+def default_chunk(S_KV: int) -> int:
+    """Keys per split program of the dense last rows: about 32 chunks, at least 1024 keys."""
+    want = max(1024, triton.cdiv(S_KV, 32))
+    return triton.cdiv(want, _CHUNK_ALIGN) * _CHUNK_ALIGN
+
+
+def _launch_triangle_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    sink: int,
+    window: int,
+    last: int,
+    scale: float,
+    chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    B, H, S_Q, D = q.shape
+    H_KV, S_KV = k.shape[1], k.shape[2]
+    L = min(last, S_Q)
+    chunk = default_chunk(S_KV) if chunk is None else chunk
+    if chunk <= 0 or chunk % _CHUNK_ALIGN:
+        raise ValueError(f"chunk: expected a positive multiple of {_CHUNK_ALIGN}, got {chunk}")
+    n_chunks = triton.cdiv(S_KV, chunk) if L > 0 else 0
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
+    ws_out = torch.empty(
+        (B * H, max(n_chunks, 1), max(L, 1), D), dtype=torch.float32, device=q.device
+    )
+    ws_lse = torch.empty((B * H, max(n_chunks, 1), max(L, 1)), dtype=torch.float32, device=q.device)
+
+    def grid(meta):
+        n_split = triton.cdiv(L, meta["BLOCK_M"]) * n_chunks
+        return (n_split + triton.cdiv(S_Q - L, meta["BLOCK_M"]), B * H)
+
+    _triangle_fwd_kernel[grid](
+        q, k, v, out, lse, ws_out, ws_lse,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk,
+        D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32,
+    )  # fmt: skip
+    if L > 0:
+        BLOCK_R = 32
+        _triangle_merge_kernel[(triton.cdiv(L, BLOCK_R), B * H)](
+            ws_out, ws_lse, out, lse, *out.stride(), H, S_Q, L, n_chunks,
+            D=D, BLOCK_D=block_d(D), BLOCK_R=BLOCK_R,
+        )  # fmt: skip
+    return out, lse

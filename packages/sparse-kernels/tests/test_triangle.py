@@ -1,0 +1,120 @@
+import pytest
+import torch
+from sparse_kernels import a_shape_attention, triangle_attention
+from sparse_kernels.attention import masked_attention_reference
+from sparse_kernels.testing import assert_close_budget, default_device, kernel_dtypes, make_qkv
+from sparse_kernels.triangle import triangle_attention_reference, triangle_mask
+from sparse_kernels.triangle.triton import _launch_triangle_fwd
+
+DEV = default_device()
+
+# (B, H, H_KV, S_Q, S_KV, D, sink, window, last)
+CASES = [
+    pytest.param(1, 2, 2, 1, 1, 64, 4, 16, 8, id="S1"),
+    pytest.param(2, 4, 1, 97, 97, 64, 4, 16, 8, id="S97-gqa4-sink4-win16-last8"),
+    pytest.param(1, 7, 1, 300, 300, 80, 8, 64, 40, id="S300-gqa7-D80-last40"),
+    pytest.param(1, 2, 2, 1025, 1025, 64, 8, 100, 128, id="S1025-sink8-win100-last128"),
+    pytest.param(1, 4, 2, 300, 300, 96, 0, 33, 0, id="S300-ashape-nosink"),
+    pytest.param(1, 2, 1, 200, 200, 128, 3, 500, 0, id="S200-window-covers-all"),
+    pytest.param(1, 2, 2, 97, 97, 64, 5, 7, 200, id="S97-last-covers-all"),
+    pytest.param(1, 2, 2, 70, 250, 64, 8, 32, 16, id="SQ70-SKV250"),
+    pytest.param(1, 2, 2, 150, 70, 64, 8, 32, 16, id="SQ150-SKV70-emptyrows"),
+]
+GPU_CASES = [
+    pytest.param(
+        1, 28, 4, 8192, 8192, 128, 8, 512, 128, id="S8192-qwen-shape", marks=pytest.mark.gpu
+    ),
+    pytest.param(
+        1, 32, 8, 16384, 16384, 128, 8, 512, 128, id="S16384-llama-shape", marks=pytest.mark.gpu
+    ),
+    pytest.param(
+        2, 8, 8, 3000, 5000, 64, 4, 300, 77, id="B2-SQ3000-SKV5000-D64", marks=pytest.mark.gpu
+    ),
+]
+
+
+def _check(B, H, H_KV, S_Q, S_KV, D, sink, window, last, dtype, chunk=None):
+    q, k, v = make_qkv(B, H, H_KV, S_Q, S_KV, D, dtype=dtype, device=DEV, seed=S_Q + window)
+    out, lse = _launch_triangle_fwd(
+        q, k, v, sink=sink, window=window, last=last, scale=D**-0.5, chunk=chunk
+    )
+    gold = triangle_attention_reference(
+        q, k, v, sink=sink, window=window, last=last, compute_dtype=torch.float64
+    )
+    low = triangle_attention_reference(q, k, v, sink=sink, window=window, last=last)
+    assert_close_budget(out, low.out, gold.out, dtype=dtype)
+    assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
+
+
+@pytest.mark.parametrize("dtype", kernel_dtypes(), ids=str)
+@pytest.mark.parametrize("B,H,H_KV,S_Q,S_KV,D,sink,window,last", CASES + GPU_CASES)
+def test_triangle_matches_reference(B, H, H_KV, S_Q, S_KV, D, sink, window, last, dtype):
+    _check(B, H, H_KV, S_Q, S_KV, D, sink, window, last, dtype)
+
+
+@pytest.mark.parametrize("chunk", [128, 256, 1024])
+def test_last_rows_split_into_many_chunks(chunk):
+    # S_KV = 1025 keys in chunks of 128 -> 9 partial results per last row, merged by LSE.
+    _check(1, 4, 2, 1025, 1025, 64, 8, 100, 130, torch.float32, chunk=chunk)
+
+
+def test_public_op_and_a_shape_alias():
+    q, k, v = make_qkv(1, 2, 2, 97, 97, 64, dtype=torch.float32, device=DEV)
+    a = a_shape_attention(q, k, v, sink=4, window=16, impl="triton")
+    t = triangle_attention(q, k, v, sink=4, window=16, last=0, impl="triton")
+    assert torch.equal(a.out, t.out) and torch.equal(a.lse, t.lse)
+    r = triangle_attention(q, k, v, sink=4, window=16, last=0, impl="reference")
+    torch.testing.assert_close(t.out, r.out, atol=1e-5, rtol=1e-5)
+
+
+def test_mask_matches_independent_construction():
+    S_Q, S_KV, sink, window, last = 37, 50, 3, 6, 5
+    m = triangle_mask(S_Q, S_KV, sink=sink, window=window, last=last)
+    want = torch.zeros(S_Q, S_KV, dtype=torch.bool)
+    for i in range(S_Q):
+        p = i + S_KV - S_Q
+        for j in range(S_KV):
+            if j <= p and (j < sink or p - j < window or i >= S_Q - last):
+                want[i, j] = True
+    assert torch.equal(m, want)
+
+
+def test_reference_row_chunking_is_exact():
+    q, k, v = make_qkv(1, 2, 1, 300, 300, 32, dtype=torch.float64, device="cpu")
+    a = triangle_attention_reference(q, k, v, sink=4, window=20, last=10, row_chunk=64)
+    mask = triangle_mask(300, 300, sink=4, window=20, last=10)
+    b = masked_attention_reference(q, k, v, mask, scale=32**-0.5)
+    torch.testing.assert_close(a.out, b.out, atol=1e-12, rtol=0)
+    torch.testing.assert_close(a.lse, b.lse, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "kw,exc,match",
+    [
+        pytest.param(dict(sink=-1, window=4, last=0), ValueError, "sink", id="neg-sink"),
+        pytest.param(dict(sink=0, window=0, last=0), ValueError, "window", id="zero-window"),
+        pytest.param(dict(sink=0, window=4, last=-2), ValueError, "last", id="neg-last"),
+        pytest.param(dict(sink=1.5, window=4, last=0), TypeError, "sink", id="float-sink"),
+    ],
+)
+def test_bad_parameters(kw, exc, match):
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 64, dtype=torch.float32, device=DEV)
+    with pytest.raises(exc, match=match):
+        triangle_attention(q, k, v, **kw)
+
+
+@pytest.mark.gpu
+def test_matches_flex_attention_on_gpu():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    S, sink, window, last = 4096, 8, 512, 128
+    q, k, v = make_qkv(1, 8, 2, S, S, 128, dtype=torch.bfloat16, device="cuda")
+
+    def mask_mod(b, h, i, j):
+        return (j <= i) & ((j < sink) | (i - j < window) | (i >= S - last))
+
+    bm = create_block_mask(mask_mod, None, None, S, S, device="cuda")
+    ref = flex_attention(q, k, v, block_mask=bm, enable_gqa=True)
+    ours = triangle_attention(q, k, v, sink=sink, window=window, last=last)
+    err = ((ours.out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert err < 1e-2, err

@@ -118,3 +118,46 @@ def test_matches_flex_attention_on_gpu():
     ours = triangle_attention(q, k, v, sink=sink, window=window, last=last)
     err = ((ours.out.float() - ref.float()).norm() / ref.float().norm()).item()
     assert err < 1e-2, err
+
+
+@pytest.mark.gpu
+def test_every_autotune_config_is_correct():
+    # Autotuning may pick any config of the list: each one must compute the same function.
+    import triton
+    from sparse_kernels.triangle import triton as tri
+
+    S, L = 3000, 130
+    q, k, v = make_qkv(1, 8, 2, S, S, 128, dtype=torch.bfloat16, device=DEV, seed=3)
+    gold = triangle_attention_reference(
+        q, k, v, sink=8, window=300, last=L, compute_dtype=torch.float64
+    )
+    low = triangle_attention_reference(q, k, v, sink=8, window=300, last=L)
+    chunk = 1024
+    n_chunks = triton.cdiv(S, chunk)
+    for cfg in tri._triangle_fwd_kernel.configs:
+        out = torch.full_like(q, float("nan"))
+        lse = torch.empty(1, 8, S, device=DEV)
+        ws_out = torch.empty(8, n_chunks, L, 128, device=DEV)
+        ws_lse = torch.empty(8, n_chunks, L, device=DEV)
+        bm = cfg.kwargs["BLOCK_M"]
+        grid = (triton.cdiv(L, bm) * n_chunks + triton.cdiv(S - L, bm), 8)
+        tri._triangle_fwd_kernel.fn[grid](
+            q, k, v, out, lse, ws_out, ws_lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            8, 4, S, S, 128**-0.5, 8, 300, L, n_chunks, chunk, D=128, BLOCK_D=128, IEEE=False,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cfg.kwargs,
+        )  # fmt: skip
+        tri._triangle_merge_kernel[(triton.cdiv(L, 32), 8)](
+            ws_out,
+            ws_lse,
+            out,
+            lse,
+            *out.stride(),
+            8,
+            S,
+            L,
+            n_chunks,
+            D=128,
+            BLOCK_D=128,
+            BLOCK_R=32,
+        )
+        assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))

@@ -32,3 +32,17 @@ def configs(gpu: list[dict], interp: dict) -> list[triton.Config]:
 
 def block_d(D: int) -> int:
     return max(16, 1 << math.ceil(math.log2(D)))
+
+
+# fp32 operands go through exact ("ieee") dots, emulated with FMAs: large tiles blow up shared
+# memory and compile time, so fp32 gets one small tile whatever the autotune list says.
+FP32_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
+
+
+def prune_fp32(configs_, named_args, **kwargs):
+    """``early_config_prune`` hook: the single small config for fp32 inputs, the list otherwise."""
+    import torch
+
+    if named_args["q_ptr"].dtype == torch.float32 and not on_interpreter():
+        return [triton.Config(dict(FP32_CONFIG), num_warps=4, num_stages=1)]
+    return configs_

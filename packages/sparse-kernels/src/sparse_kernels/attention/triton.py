@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import block_d, configs
+from .._triton.config import block_d, configs, prune_fp32
 from .._triton.inner import _attn_tile_inner
 
 _GPU_CONFIGS = [
@@ -25,18 +25,10 @@ _GPU_CONFIGS = [
 _INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
 
 
-def _prune(configs_, named_args, **kwargs):
-    # fp32 operands need twice the shared memory; keep the smaller tiles for them.
-    if named_args["q_ptr"].dtype == torch.float32 and len(configs_) > 1:
-        small = [c for c in configs_ if c.kwargs["BLOCK_N"] <= 64 and c.num_stages <= 2]
-        return small or configs_[-1:]
-    return configs_
-
-
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
     key=["D", "IS_CAUSAL", "IEEE"],
-    prune_configs_by={"early_config_prune": _prune},
+    prune_configs_by={"early_config_prune": prune_fp32},
 )
 @triton.jit
 def _attn_fwd_kernel(

@@ -6,13 +6,16 @@ Layout ``[B, H, S, D]``; GQA handled natively; every op returns ``AttentionOutpu
 from ._types import AttentionOutput
 from .attention import attention
 from .merge import merge_attention
+from .permuted import grid_permutation, permuted_block_sparse_attention
 from .triangle import a_shape_attention, triangle_attention
 
 __all__ = [
     "AttentionOutput",
     "a_shape_attention",
     "attention",
+    "grid_permutation",
     "merge_attention",
+    "permuted_block_sparse_attention",
     "triangle_attention",
 ]
 __version__ = "0.1.0"

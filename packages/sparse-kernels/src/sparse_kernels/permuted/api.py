@@ -1,0 +1,235 @@
+"""Public permuted block-sparse attention op (Grid, Q-Boundary and 2D-Boundary heads)."""
+
+from __future__ import annotations
+
+import torch
+
+from .._types import AttentionOutput
+from .._validate import check_qkv, check_scale, check_triton_head_dim, resolve_impl
+from .reference import permuted_block_sparse_attention_reference
+
+_OP = "permuted_block_sparse_attention"
+_INT_DTYPES = (torch.int32, torch.int64)
+# Block sizes the Triton kernel takes (powers of two: they are tile extents).
+TRITON_BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
+def _check_block(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value}")
+    return value
+
+
+def _check_int_tensor(t: object, name: str, device: torch.device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _INT_DTYPES:
+        raise TypeError(f"{name}: expected dtype int32 or int64, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (q's device), got {t.device}")
+    return t
+
+
+def _check_perm(
+    perm: torch.Tensor | None, name: str, B: int, heads: tuple[int, ...], S: int, device
+) -> None:
+    if perm is None:
+        return
+    _check_int_tensor(perm, name, device)
+    ok = (perm.ndim == 1 and perm.shape[0] == S) or (
+        perm.ndim == 3 and perm.shape[0] in (1, B) and perm.shape[1] in heads and perm.shape[2] == S
+    )
+    if not ok:
+        hs = " or ".join(str(h) for h in sorted(set(heads)))
+        raise ValueError(
+            f"{name}: expected shape [{S}] or [{B} or 1, {hs}, {S}], got {tuple(perm.shape)}"
+        )
+
+
+def _check_blocks(
+    indices: torch.Tensor, counts: torch.Tensor, prefix: str, B: int, H: int, nqb: int, device
+) -> None:
+    _check_int_tensor(indices, f"{prefix}kv_block_indices", device)
+    _check_int_tensor(counts, f"{prefix}kv_block_counts", device)
+    if (
+        indices.ndim != 4
+        or indices.shape[0] not in (1, B)
+        or indices.shape[1] not in (1, H)
+        or indices.shape[2] != nqb
+    ):
+        raise ValueError(
+            f"{prefix}kv_block_indices: expected shape [{B} or 1, {H} or 1, NQB={nqb}, MAXB], "
+            f"got {tuple(indices.shape)}"
+        )
+    want = (indices.shape[0], indices.shape[1], nqb)
+    if tuple(counts.shape) != want:
+        raise ValueError(
+            f"{prefix}kv_block_counts: expected shape {list(want)} (matching the indices), "
+            f"got {tuple(counts.shape)}"
+        )
+
+
+def _is_permutation(perm: torch.Tensor) -> bool:
+    S = perm.shape[-1]
+    ar = torch.arange(S, device=perm.device, dtype=torch.int64)
+    return bool((torch.sort(perm.long(), dim=-1).values == ar).all())
+
+
+def _check_contents(
+    q_perm, kv_perm, lists: list[tuple[str, torch.Tensor, torch.Tensor]], nkb: int
+) -> None:
+    for name, perm in (("q_perm", q_perm), ("kv_perm", kv_perm)):
+        if perm is not None and not _is_permutation(perm):
+            raise ValueError(
+                f"{name}: expected a permutation of 0..{perm.shape[-1] - 1} along the last dim "
+                f"(every index exactly once), got repeated or out-of-range entries"
+            )
+    valids = []
+    for prefix, idx, cnt in lists:
+        maxb = idx.shape[-1]
+        if bool(((cnt < 0) | (cnt > maxb)).any()):
+            raise ValueError(
+                f"{prefix}kv_block_counts: expected values in [0, MAXB={maxb}], got "
+                f"min {int(cnt.min())}, max {int(cnt.max())}"
+            )
+        valid = torch.arange(maxb, device=idx.device) < cnt[..., None].long()
+        bad = valid & ((idx < 0) | (idx >= nkb))
+        if bool(bad.any()):
+            raise ValueError(
+                f"{prefix}kv_block_indices: expected listed key blocks in [0, {nkb}), got "
+                f"{int(idx[bad].min())}..{int(idx[bad].max())}"
+            )
+        valids.append((idx, valid))
+    # A key block listed twice for one query block (in one list, or in both) would be summed
+    # twice by the kernel: reject it.
+    if valids:
+        shape = torch.broadcast_shapes(*(i.shape[:-1] for i, _ in valids))
+        idx = torch.cat([i.long().expand(*shape, -1) for i, _ in valids], dim=-1)
+        val = torch.cat([m.expand(*shape, -1) for _, m in valids], dim=-1)
+        keyed = torch.where(val, idx, -1 - torch.arange(idx.shape[-1], device=idx.device))
+        s = torch.sort(keyed, dim=-1).values
+        if bool((s[..., 1:] == s[..., :-1]).any()):
+            raise ValueError(
+                "kv_block_indices / full_kv_block_indices: expected each key block at most once "
+                "per query block (over both lists), got a repeated block"
+            )
+
+
+def permuted_block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    kv_block_indices: torch.Tensor,
+    kv_block_counts: torch.Tensor,
+    q_perm: torch.Tensor | None = None,
+    kv_perm: torch.Tensor | None = None,
+    full_kv_block_indices: torch.Tensor | None = None,
+    full_kv_block_counts: torch.Tensor | None = None,
+    block_m: int = 64,
+    block_n: int = 64,
+    causal: bool = True,
+    scale: float | None = None,
+    check_perm: bool | None = None,
+    impl: str = "auto",
+) -> AttentionOutput:
+    """Block-sparse attention in PERMUTED row/column order, read and written through indices.
+
+    The kernel under MMInference's Grid, Q-Boundary and 2D-Boundary heads. Rows and columns are
+    reordered inside the kernel by index-driven loads and stores; no permuted copy of q, k, v or
+    the output is ever made, and the result comes back in ORIGINAL order.
+
+    Semantics. Permuted query row ``r`` is original row ``q_perm[r]``; permuted key column ``c``
+    is original key ``kv_perm[c]``. Row ``r`` attends column ``c`` iff the block
+    ``(r // block_m, c // block_n)`` is listed for that (batch, head) and
+
+    * it is in the partial list (``kv_block_indices``) and, if ``causal``, the ORIGINAL key
+      ``j = kv_perm[c]`` is visible from the ORIGINAL query position:
+      ``j <= q_perm[r] + S_KV - S_Q`` (DESIGN.md alignment); or
+    * it is in the full list (``full_kv_block_indices``): no element mask at all (as
+      FlexAttention's full blocks; the caller promises every pair there is wanted, causal or not).
+
+    Because causality is evaluated on original positions, a causal Grid head stays exact after
+    the permutation. ``out[b, h, i]`` and ``lse[b, h, i]`` are for ORIGINAL row ``i``. A row that
+    attends nothing gets ``out = 0`` and ``lse = -inf``.
+
+    Args:
+        q: ``[B, H, S_Q, D]``; k, v: ``[B, H_KV, S_KV, D]``, ``H % H_KV == 0`` (GQA is native, K/V
+            are never repeated). fp16, bf16 or fp32.
+        kv_block_indices: int32/int64 ``[B or 1, H or 1, NQB, MAXB]``, ``NQB = ceil(S_Q / block_m)``:
+            for each PERMUTED query block, PERMUTED key block numbers in ``[0, ceil(S_KV / block_n))``;
+            only the first ``kv_block_counts[..., m]`` entries are read (any order, each at most once).
+        kv_block_counts: int32/int64 ``[B or 1, H or 1, NQB]`` (the same leading dims as the indices).
+        q_perm: int32/int64 ``[S_Q]`` (shared) or ``[B or 1, H or 1, S_Q]``; None = identity.
+        kv_perm: int32/int64 ``[S_KV]`` or ``[B or 1, H_KV or H or 1, S_KV]``: per KV head, or per
+            QUERY head (a query head of a GQA group may order the shared K/V its own way: the
+            kernel gathers, so it costs nothing extra); None = identity.
+        full_kv_block_indices, full_kv_block_counts: optional second list (both or neither),
+            same shapes; disjoint from the partial list.
+        block_m, block_n: block sizes of the block structure (the Triton kernel takes powers of
+            two 16..256; its tiles divide them; the reference takes any positive size).
+        causal: evaluate causality on original positions for partial blocks.
+        scale: softmax scale, default ``D ** -0.5``.
+        check_perm: verify that the permutations are permutations, that counts are in
+            ``[0, MAXB]``, listed blocks in range and no block is listed twice. Cost: one sort
+            per head of each permutation (``O(S log S)``) and of each block list, plus host syncs;
+            None (default) = on for the reference path, off for the Triton path (no sync in
+            the hot path). A wrong index with the check off gives undefined output.
+        impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
+
+    Returns:
+        ``AttentionOutput(out, lse)`` in original row order.
+    """
+    B, H, H_KV, S_Q, S_KV, D = check_qkv(q, k, v)
+    scale = check_scale(scale, D)
+    block_m = _check_block("block_m", block_m)
+    block_n = _check_block("block_n", block_n)
+    nqb, nkb = -(-S_Q // block_m), -(-S_KV // block_n)
+    dev = q.device
+    _check_perm(q_perm, "q_perm", B, (1, H), S_Q, dev)
+    _check_perm(kv_perm, "kv_perm", B, (1, H_KV, H), S_KV, dev)
+    _check_blocks(kv_block_indices, kv_block_counts, "", B, H, nqb, dev)
+    if (full_kv_block_indices is None) != (full_kv_block_counts is None):
+        raise ValueError(
+            "full_kv_block_indices and full_kv_block_counts: expected both or neither, got "
+            f"indices={'None' if full_kv_block_indices is None else 'a tensor'}, "
+            f"counts={'None' if full_kv_block_counts is None else 'a tensor'}"
+        )
+    lists = [("", kv_block_indices, kv_block_counts)]
+    if full_kv_block_indices is not None:
+        _check_blocks(full_kv_block_indices, full_kv_block_counts, "full_", B, H, nqb, dev)
+        lists.append(("full_", full_kv_block_indices, full_kv_block_counts))
+    which = resolve_impl(impl, dev, _OP)
+    if check_perm is None:
+        check_perm = which == "reference"
+    if not isinstance(check_perm, bool):
+        raise TypeError(f"check_perm: expected a bool or None, got {type(check_perm).__name__}")
+    if check_perm:
+        _check_contents(q_perm, kv_perm, lists, nkb)
+    kw = dict(
+        q_perm=q_perm,
+        kv_perm=kv_perm,
+        kv_block_indices=kv_block_indices,
+        kv_block_counts=kv_block_counts,
+        full_kv_block_indices=full_kv_block_indices,
+        full_kv_block_counts=full_kv_block_counts,
+        block_m=block_m,
+        block_n=block_n,
+        causal=bool(causal),
+        scale=scale,
+    )
+    if which == "reference":
+        return permuted_block_sparse_attention_reference(q, k, v, **kw)
+    check_triton_head_dim(D, _OP)
+    for name, b in (("block_m", block_m), ("block_n", block_n)):
+        if b not in TRITON_BLOCK_SIZES:
+            raise NotImplementedError(
+                f"{_OP}: the Triton kernel supports {name} in {TRITON_BLOCK_SIZES}, got {b} "
+                f"(impl='reference' takes any block size)"
+            )
+    from .triton import _launch_permuted_fwd
+
+    out, lse = _launch_permuted_fwd(q, k, v, **kw)
+    return AttentionOutput(out, lse)

@@ -1,0 +1,128 @@
+"""Permutation helpers for the permuted kernels: the Grid permutation and exact inverses."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Permutation(NamedTuple):
+    """A permutation and its exact inverse, both int32 with the same shape ``[..., S]``.
+
+    ``perm[..., r]`` is the ORIGINAL index of the token at permuted position ``r``;
+    ``inverse[..., i]`` is the permuted position of original token ``i``
+    (``perm[inverse[i]] == i`` and ``inverse[perm[r]] == r``).
+    """
+
+    perm: torch.Tensor
+    inverse: torch.Tensor
+
+
+def inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
+    """Exact inverse of a permutation along the last dim (same dtype/device/shape)."""
+    ar = torch.arange(perm.shape[-1], device=perm.device, dtype=perm.dtype).expand_as(perm)
+    return torch.empty_like(perm).scatter_(-1, perm.long(), ar)
+
+
+def _as_head_vector(x: object, name: str, device: torch.device | None) -> torch.Tensor:
+    if isinstance(x, bool):
+        raise TypeError(f"{name}: expected an int or an int tensor [H], got bool")
+    if isinstance(x, int):
+        return torch.tensor([x], dtype=torch.int64, device=device)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected an int or an int tensor [H], got {type(x).__name__}")
+    if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
+        raise TypeError(f"{name}: expected an integer tensor, got dtype {x.dtype}")
+    if x.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D tensor [H], got shape {tuple(x.shape)}")
+    return x.to(device=device if device is not None else x.device, dtype=torch.int64)
+
+
+def grid_permutation(
+    S: int,
+    stride: int | torch.Tensor,
+    phase: int | torch.Tensor = 0,
+    *,
+    device: torch.device | str | None = None,
+) -> Permutation:
+    """The Grid permutation of MMInference, for every head at once (no per-head Python loop).
+
+    Tokens are ordered by the key ``((i - phase) mod stride, i)``: first the grid line of the tokens
+    ``phase, phase + stride, phase + 2*stride, ...`` (and, wrapping, ``phase - stride, ...``
+    before them in index order), then the line ``phase + 1 + k*stride``, and so on; inside a
+    line, tokens keep their original order (so causality stays monotone along a line). Tokens on
+    one grid line are contiguous in permuted order, which turns the strided lines of a Grid head
+    into dense tiles. Line ``c`` (``0 <= c < stride``) holds ``#{i < S : (i - phase) mod stride == c}``
+    tokens, see :func:`grid_line_offsets`.
+
+    Args:
+        S: sequence length (>= 1).
+        stride: grid stride (e.g. tokens per frame), an int or an int tensor ``[H]``; >= 1.
+        phase: grid phase (offset of line 0), an int or an int tensor ``[H]``; any integer, taken
+            modulo the stride.
+        device: where the result lives (default: the device of a tensor argument, else CPU).
+
+    Returns:
+        ``Permutation(perm, inverse)``, int32, shape ``[H, S]`` (``H = 1`` for int arguments,
+        else the length of the tensor arguments, which must agree or be 1).
+    """
+    if isinstance(S, bool) or not isinstance(S, int):
+        raise TypeError(f"S: expected an int, got {type(S).__name__}")
+    if S < 1:
+        raise ValueError(f"S: expected an int >= 1, got {S}")
+    if device is None:
+        for x in (stride, phase):
+            if isinstance(x, torch.Tensor):
+                device = x.device
+                break
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    st = _as_head_vector(stride, "stride", device)
+    ph = _as_head_vector(phase, "phase", device)
+    if st.numel() != ph.numel() and 1 not in (st.numel(), ph.numel()):
+        raise ValueError(
+            f"stride and phase must have the same length H (or 1), got {st.numel()} and {ph.numel()}"
+        )
+    if bool((st < 1).any()):
+        raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
+    H = max(st.numel(), ph.numel())
+    st = st.expand(H)[:, None]
+    ph = ph.expand(H)[:, None]
+    i = torch.arange(S, device=device, dtype=torch.int64)[None, :]
+    line = torch.remainder(i - ph, st)
+    # Unique integer key per token: line-major, index-minor; argsort of distinct keys is exact.
+    perm = torch.argsort(line * S + i, dim=-1).to(torch.int32)
+    return Permutation(perm, inverse_permutation(perm))
+
+
+def grid_line_offsets(
+    S: int,
+    stride: int | torch.Tensor,
+    phase: int | torch.Tensor = 0,
+    *,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Where each grid line starts in the permuted order of :func:`grid_permutation`.
+
+    Returns int64 ``[H, max_stride + 1]``: line ``c`` of head ``h`` occupies permuted positions
+    ``[offsets[h, c], offsets[h, c + 1])``; entries past a head's own stride equal ``S``.
+    """
+    if device is None:
+        for x in (stride, phase):
+            if isinstance(x, torch.Tensor):
+                device = x.device
+                break
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    st = _as_head_vector(stride, "stride", device)
+    ph = _as_head_vector(phase, "phase", device)
+    if bool((st < 1).any()):
+        raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
+    H = max(st.numel(), ph.numel())
+    st = st.expand(H)[:, None]
+    ph = torch.remainder(ph.expand(H)[:, None], st)
+    c = torch.arange(int(st.max()), device=device, dtype=torch.int64)[None, :]
+    # Line c holds the tokens i = first + k*stride < S with first = (phase + c) mod stride.
+    first = torch.remainder(ph + c, st)
+    count = torch.where(c < st, (S - first + st - 1).clamp_min(0) // st, 0)
+    zero = torch.zeros(H, 1, dtype=torch.int64, device=device)
+    return torch.cat([zero, torch.cumsum(count, dim=-1)], dim=-1)

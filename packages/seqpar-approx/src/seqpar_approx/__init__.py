@@ -1,0 +1,32 @@
+"""Spava: sequence-parallel approximate attention over torch.distributed, with exact baselines."""
+
+from .baselines import dense_attention, zigzag_ring_attention
+from .config import SpavaConfig, apb_config, resolve_apb, star_config
+from .layout import SpavaLayout, build_layout, even_split, ring_layout, split_frames
+from .spava import (
+    essential_scores,
+    select_essential,
+    simulate_spava_attention,
+    spava_attention,
+    top_indices,
+)
+
+__all__ = [
+    "SpavaConfig",
+    "SpavaLayout",
+    "apb_config",
+    "build_layout",
+    "dense_attention",
+    "essential_scores",
+    "even_split",
+    "resolve_apb",
+    "ring_layout",
+    "select_essential",
+    "simulate_spava_attention",
+    "spava_attention",
+    "split_frames",
+    "star_config",
+    "top_indices",
+    "zigzag_ring_attention",
+]
+__version__ = "0.1.0"

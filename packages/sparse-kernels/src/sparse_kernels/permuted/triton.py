@@ -1,0 +1,381 @@
+"""Permuted block-sparse flash-attention forward with LSE (Triton).
+
+One program computes BLOCK_M permuted query rows of one (batch, head). It loads the query
+permutation for its rows once, gathers those q rows, walks the key blocks listed for its query
+block (partial list with the causal element mask on ORIGINAL positions, then the full list with
+bounds only), gathering k/v rows through the key permutation, and scatters out/lse back to the
+original rows. No permuted copy of any tensor is made. Row and column offsets are int64 so that
+gathers into 1M-token tensors do not overflow.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton.config import FP32_CONFIG, block_d, on_interpreter
+
+# Tile sizes must divide the block sizes of the block structure; the prune hook keeps those that do.
+_GPU_CONFIGS = [
+    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+]
+# Under the interpreter tiles are as large as the blocks allow (fewer, bigger numpy ops).
+_INTERP_MAX_TILE = 64
+
+
+@triton.jit
+def _permuted_blocks_inner(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    kvp_base,
+    idx_base,
+    stride_idx_n,
+    count,
+    stride_k_s,
+    stride_k_d,
+    stride_v_s,
+    stride_v_d,
+    stride_kvp_s,
+    kv_block,
+    q_pos,
+    offs_n,
+    offs_d,
+    S_KV,
+    qk_scale,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    APPLY_CAUSAL: tl.constexpr,
+    HAS_KV_PERM: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """Online-softmax update over the ``count`` listed key blocks, BLOCK_N key tiles at a time.
+
+    One flat loop over (listed block, sub-tile) so that the compiler pipelines it like a dense
+    key loop (a nested loop with one inner iteration would not be pipelined).
+    """
+    d_ok = offs_d < D
+    n_sub = kv_block // BLOCK_N
+    for t in range(0, count * n_sub):
+        blk = tl.load(idx_base + (t // n_sub) * stride_idx_n)
+        cols_p = blk.to(tl.int64) * kv_block + (t % n_sub) * BLOCK_N + offs_n
+        col_ok = cols_p < S_KV
+        if HAS_KV_PERM:
+            cols = tl.load(kvp_base + cols_p * stride_kvp_s, mask=col_ok, other=0).to(tl.int64)
+        else:
+            cols = cols_p
+        k = tl.load(
+            k_base + cols[None, :] * stride_k_s + offs_d[:, None] * stride_k_d,
+            mask=col_ok[None, :] & d_ok[:, None],
+            other=0.0,
+        )
+        v = tl.load(
+            v_base + cols[:, None] * stride_v_s + offs_d[None, :] * stride_v_d,
+            mask=col_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        if IEEE:
+            qk = tl.dot(q, k, input_precision="ieee")
+        else:
+            qk = tl.dot(q, k)
+        keep = col_ok[None, :]
+        if APPLY_CAUSAL:
+            # Causality on ORIGINAL positions: that is what keeps a permuted causal head exact.
+            keep = keep & (cols[None, :] <= q_pos[:, None])
+        qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        # A row that has seen no key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc = tl.dot(p, v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _permuted_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    lse_ptr,
+    qp_ptr,
+    kvp_ptr,
+    idx_ptr,
+    cnt_ptr,
+    fidx_ptr,
+    fcnt_ptr,
+    stride_q_b,
+    stride_q_h,
+    stride_q_s,
+    stride_q_d,
+    stride_k_b,
+    stride_k_h,
+    stride_k_s,
+    stride_k_d,
+    stride_v_b,
+    stride_v_h,
+    stride_v_s,
+    stride_v_d,
+    stride_o_b,
+    stride_o_h,
+    stride_o_s,
+    stride_o_d,
+    stride_qp_b,
+    stride_qp_h,
+    stride_qp_s,
+    stride_kvp_b,
+    stride_kvp_h,
+    stride_kvp_s,
+    stride_idx_b,
+    stride_idx_h,
+    stride_idx_m,
+    stride_idx_n,
+    stride_cnt_b,
+    stride_cnt_h,
+    stride_cnt_m,
+    stride_fidx_b,
+    stride_fidx_h,
+    stride_fidx_m,
+    stride_fidx_n,
+    stride_fcnt_b,
+    stride_fcnt_h,
+    stride_fcnt_m,
+    H,
+    GROUP,
+    KVP_HEAD_DIV,
+    S_Q,
+    S_KV,
+    q_block,
+    kv_block,
+    sm_scale,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    HAS_Q_PERM: tl.constexpr,
+    HAS_KV_PERM: tl.constexpr,
+    HAS_FULL: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    h_kv = h // GROUP
+    b64 = b.to(tl.int64)
+
+    offs_r = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # permuted rows
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_r < S_Q
+    d_ok = offs_d < D
+    if HAS_Q_PERM:
+        # The permutation index of this tile, loaded once and reused for the q gather and the
+        # out/lse scatter.
+        qp_base = qp_ptr + b64 * stride_qp_b + h.to(tl.int64) * stride_qp_h
+        rows = tl.load(qp_base + offs_r.to(tl.int64) * stride_qp_s, mask=row_ok, other=0)
+        rows = rows.to(tl.int64)
+    else:
+        rows = offs_r.to(tl.int64)
+
+    q = tl.load(
+        q_ptr
+        + b64 * stride_q_b
+        + h.to(tl.int64) * stride_q_h
+        + rows[:, None] * stride_q_s
+        + offs_d[None, :] * stride_q_d,
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    k_base = k_ptr + b64 * stride_k_b + h_kv.to(tl.int64) * stride_k_h
+    v_base = v_ptr + b64 * stride_v_b + h_kv.to(tl.int64) * stride_v_h
+    kvp_base = kvp_ptr + b64 * stride_kvp_b + (h // KVP_HEAD_DIV).to(tl.int64) * stride_kvp_h
+
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # Original position of each row (DESIGN.md: row i sits at i + S_KV - S_Q).
+    q_pos = rows + (S_KV - S_Q)
+
+    qb = (start_m * BLOCK_M) // q_block
+    count = tl.load(cnt_ptr + b64 * stride_cnt_b + h * stride_cnt_h + qb * stride_cnt_m)
+    idx_base = idx_ptr + b64 * stride_idx_b + h * stride_idx_h + qb * stride_idx_m
+    acc, l_i, m_i = _permuted_blocks_inner(
+        acc, l_i, m_i, q, k_base, v_base, kvp_base, idx_base, stride_idx_n, count,
+        stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
+        q_pos, offs_n, offs_d, S_KV, qk_scale,
+        D, BLOCK_N, IS_CAUSAL, HAS_KV_PERM, IEEE,
+    )  # fmt: skip
+    if HAS_FULL:
+        fcount = tl.load(fcnt_ptr + b64 * stride_fcnt_b + h * stride_fcnt_h + qb * stride_fcnt_m)
+        fidx_base = fidx_ptr + b64 * stride_fidx_b + h * stride_fidx_h + qb * stride_fidx_m
+        acc, l_i, m_i = _permuted_blocks_inner(
+            acc, l_i, m_i, q, k_base, v_base, kvp_base, fidx_base, stride_fidx_n, fcount,
+            stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
+            q_pos, offs_n, offs_d, S_KV, qk_scale,
+            D, BLOCK_N, False, HAS_KV_PERM, IEEE,
+        )  # fmt: skip
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    # Scatter back to the original rows (the inverse permutation, applied by the store).
+    o_ptrs = (
+        out_ptr
+        + b64 * stride_o_b
+        + h.to(tl.int64) * stride_o_h
+        + rows[:, None] * stride_o_s
+        + offs_d[None, :] * stride_o_d
+    )
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + bh.to(tl.int64) * S_Q + rows, lse, mask=row_ok)
+
+
+def _prune(configs_, named_args, **kwargs):
+    """Keep the tiles that divide the block structure; fp32 gets one small exact-dot tile."""
+    qb, kb = named_args["q_block"], named_args["kv_block"]
+    if named_args["q_ptr"].dtype == torch.float32:
+        return [
+            triton.Config(
+                dict(
+                    BLOCK_M=min(qb, FP32_CONFIG["BLOCK_M"]), BLOCK_N=min(kb, FP32_CONFIG["BLOCK_N"])
+                ),
+                num_warps=4,
+                num_stages=1,
+            )
+        ]
+    keep = [c for c in configs_ if qb % c.kwargs["BLOCK_M"] == 0 and kb % c.kwargs["BLOCK_N"] == 0]
+    if not keep:
+        keep = [
+            triton.Config(dict(BLOCK_M=min(qb, 64), BLOCK_N=min(kb, 64)), num_warps=4, num_stages=2)
+        ]
+    return keep
+
+
+def _gpu_configs() -> list[triton.Config]:
+    out = []
+    for c in _GPU_CONFIGS:
+        c = dict(c)
+        w, s = c.pop("num_warps"), c.pop("num_stages")
+        out.append(triton.Config(c, num_warps=w, num_stages=s))
+    return out
+
+
+_permuted_fwd_autotuned = triton.autotune(
+    configs=_gpu_configs(),
+    key=["D", "IS_CAUSAL", "HAS_Q_PERM", "HAS_KV_PERM", "HAS_FULL", "IEEE", "q_block", "kv_block"],
+    prune_configs_by={"early_config_prune": _prune},
+)(_permuted_fwd_kernel)
+
+
+def _strides3(t: torch.Tensor | None) -> tuple[int, int, int]:
+    """Strides (b, h, s) of a ``[S]`` or ``[B|1, H|1, S]`` index; size-1 dims broadcast (stride 0)."""
+    if t is None:
+        return (0, 0, 0)
+    if t.ndim == 1:
+        return (0, 0, t.stride(0))
+    return tuple(0 if t.shape[i] == 1 else t.stride(i) for i in range(3))
+
+
+def _strides_blocks(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(0 if (i < 2 and t.shape[i] == 1) else t.stride(i) for i in range(t.ndim))
+
+
+def _launch_permuted_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    q_perm: torch.Tensor | None,
+    kv_perm: torch.Tensor | None,
+    kv_block_indices: torch.Tensor,
+    kv_block_counts: torch.Tensor,
+    full_kv_block_indices: torch.Tensor | None,
+    full_kv_block_counts: torch.Tensor | None,
+    block_m: int,
+    block_n: int,
+    causal: bool,
+    scale: float,
+    config: triton.Config | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate, launch. ``config`` forces one tile config (tests sweep the autotune list)."""
+    B, H, S_Q, D = q.shape
+    H_KV, S_KV = k.shape[1], k.shape[2]
+    out = torch.empty((B, H, S_Q, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
+    has_full = full_kv_block_indices is not None
+    fidx = full_kv_block_indices if has_full else kv_block_indices
+    fcnt = full_kv_block_counts if has_full else kv_block_counts
+    # kv_perm head h' for query head h: h // GROUP (per KV head), h (per query head), any (shared).
+    if kv_perm is not None and kv_perm.ndim == 3 and kv_perm.shape[1] == H_KV and H_KV != H:
+        kvp_div = H // H_KV
+    else:
+        kvp_div = 1
+    dummy = kv_block_counts  # any int tensor: never read when the HAS_* flag is off
+    args = (
+        q, k, v, out, lse,
+        q_perm if q_perm is not None else dummy,
+        kv_perm if kv_perm is not None else dummy,
+        kv_block_indices, kv_block_counts, fidx, fcnt,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *_strides3(q_perm), *_strides3(kv_perm),
+        *_strides_blocks(kv_block_indices), *_strides_blocks(kv_block_counts),
+        *_strides_blocks(fidx), *_strides_blocks(fcnt),
+        H, H // H_KV, kvp_div, S_Q, S_KV, block_m, block_n, scale,
+    )  # fmt: skip
+    flags = dict(
+        D=D,
+        BLOCK_D=block_d(D),
+        IS_CAUSAL=bool(causal),
+        HAS_Q_PERM=q_perm is not None,
+        HAS_KV_PERM=kv_perm is not None,
+        HAS_FULL=has_full,
+        IEEE=q.dtype == torch.float32,
+    )
+    if config is None and on_interpreter():
+        config = triton.Config(
+            dict(BLOCK_M=min(block_m, _INTERP_MAX_TILE), BLOCK_N=min(block_n, _INTERP_MAX_TILE)),
+            num_warps=4,
+            num_stages=1,
+        )
+    if config is not None:
+        bm = config.kwargs["BLOCK_M"]
+        if block_m % bm or block_n % config.kwargs["BLOCK_N"]:
+            raise ValueError(
+                f"tile config {config.kwargs} must divide the block sizes ({block_m}, {block_n})"
+            )
+        grid = (triton.cdiv(S_Q, bm), B * H)
+        _permuted_fwd_kernel[grid](
+            *args,
+            **flags,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+            **config.kwargs,
+        )
+    else:
+
+        def grid(meta):
+            return (triton.cdiv(S_Q, meta["BLOCK_M"]), B * H)
+
+        _permuted_fwd_autotuned[grid](*args, **flags)
+    return out, lse

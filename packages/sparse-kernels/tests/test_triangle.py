@@ -134,17 +134,18 @@ def test_every_autotune_config_is_correct():
     low = triangle_attention_reference(q, k, v, sink=8, window=300, last=L)
     chunk = 1024
     n_chunks = triton.cdiv(S, chunk)
-    for cfg in tri._triangle_fwd_kernel.configs:
+    for cfg in [dict(c) for c in tri._GPU_CONFIGS]:
+        w, st = cfg.pop("num_warps"), cfg.pop("num_stages")
         out = torch.full_like(q, float("nan"))
         lse = torch.empty(1, 8, S, device=DEV)
         ws_out = torch.empty(8, n_chunks, L, 128, device=DEV)
         ws_lse = torch.empty(8, n_chunks, L, device=DEV)
-        bm = cfg.kwargs["BLOCK_M"]
+        bm = cfg["BLOCK_M"]
         grid = (triton.cdiv(L, bm) * n_chunks + triton.cdiv(S - L, bm), 8)
         tri._triangle_fwd_kernel.fn[grid](
             q, k, v, out, lse, ws_out, ws_lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             8, 4, S, S, 128**-0.5, 8, 300, L, n_chunks, chunk, D=128, BLOCK_D=128, IEEE=False,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cfg.kwargs,
+            num_warps=w, num_stages=st, **cfg,
         )  # fmt: skip
         tri._triangle_merge_kernel[(triton.cdiv(L, 32), 8)](
             ws_out,
@@ -160,4 +161,4 @@ def test_every_autotune_config_is_correct():
             BLOCK_D=128,
             BLOCK_R=32,
         )
-        assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))
+        assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=f"{cfg} w{w} s{st}")

@@ -169,3 +169,26 @@ def attention_cases(rank: int, world_size: int, *, cases: list[dict], device: st
             r = spava_attention(q, k, v, layout, cfg)
         results.append((r.out.cpu(), r.lse.cpu()))
     return results
+
+
+def fault_worker(
+    rank: int, world_size: int, *, mode: str, fail_rank: int, stall_s: float, report_dir: str
+):
+    """Worker for the fault tests: a loop of all-gathers; ``fail_rank`` raises or sleeps at step 3."""
+    from .faults import Watchdog
+
+    def on_abort(text: str) -> None:
+        with open(os.path.join(report_dir, f"abort{rank}.txt"), "w") as f:
+            f.write(text)
+
+    x = torch.ones(4)
+    with Watchdog(timeout_s=stall_s, interval_s=0.2, on_abort=on_abort) as wd:
+        for step in range(20):
+            if rank == fail_rank and step == 3:
+                if mode == "raise":
+                    raise ValueError("injected failure")
+                time.sleep(3600)
+            out = [torch.empty_like(x) for _ in range(world_size)]
+            dist.all_gather(out, x)
+            wd.beat(f"step {step}")
+    return step

@@ -38,13 +38,21 @@ def _check_perm(
     if perm is None:
         return
     _check_int_tensor(perm, name, device)
-    ok = (perm.ndim == 1 and perm.shape[0] == S) or (
-        perm.ndim == 3 and perm.shape[0] in (1, B) and perm.shape[1] in heads and perm.shape[2] == S
+    ok = (
+        (perm.ndim == 1 and perm.shape[0] == S)
+        or (perm.ndim == 2 and perm.shape[0] in heads and perm.shape[1] == S)
+        or (
+            perm.ndim == 3
+            and perm.shape[0] in (1, B)
+            and perm.shape[1] in heads
+            and perm.shape[2] == S
+        )
     )
     if not ok:
         hs = " or ".join(str(h) for h in sorted(set(heads)))
         raise ValueError(
-            f"{name}: expected shape [{S}] or [{B} or 1, {hs}, {S}], got {tuple(perm.shape)}"
+            f"{name}: expected shape [{S}], [{hs}, {S}] or [{B} or 1, {hs}, {S}], "
+            f"got {tuple(perm.shape)}"
         )
 
 
@@ -162,8 +170,11 @@ def permuted_block_sparse_attention(
             for each PERMUTED query block, PERMUTED key block numbers in ``[0, ceil(S_KV / block_n))``;
             only the first ``kv_block_counts[..., m]`` entries are read (any order, each at most once).
         kv_block_counts: int32/int64 ``[B or 1, H or 1, NQB]`` (the same leading dims as the indices).
-        q_perm: int32/int64 ``[S_Q]`` (shared) or ``[B or 1, H or 1, S_Q]``; None = identity.
-        kv_perm: int32/int64 ``[S_KV]`` or ``[B or 1, H_KV or H or 1, S_KV]``: per KV head, or per
+        q_perm: int32/int64 ``[S_Q]`` (shared), ``[H or 1, S_Q]`` (per head, shared over the
+            batch: what :func:`grid_permutation` returns) or ``[B or 1, H or 1, S_Q]``;
+            None = identity.
+        kv_perm: int32/int64 ``[S_KV]``, ``[H_KV or H or 1, S_KV]`` or
+            ``[B or 1, H_KV or H or 1, S_KV]``: per KV head, or per
             QUERY head (a query head of a GQA group may order the shared K/V its own way: the
             kernel gathers, so it costs nothing extra); None = identity.
         full_kv_block_indices, full_kv_block_counts: optional second list (both or neither),
@@ -197,6 +208,11 @@ def permuted_block_sparse_attention(
             f"indices={'None' if full_kv_block_indices is None else 'a tensor'}, "
             f"counts={'None' if full_kv_block_counts is None else 'a tensor'}"
         )
+    # One layout for both paths: [B|1, heads|1, S].
+    if q_perm is not None and q_perm.ndim < 3:
+        q_perm = q_perm.reshape(1, -1, S_Q)
+    if kv_perm is not None and kv_perm.ndim < 3:
+        kv_perm = kv_perm.reshape(1, -1, S_KV)
     lists = [("", kv_block_indices, kv_block_counts)]
     if full_kv_block_indices is not None:
         _check_blocks(full_kv_block_indices, full_kv_block_counts, "full_", B, H, nqb, dev)

@@ -15,11 +15,12 @@ from .perms import inverse_permutation
 
 
 def expand_perm(perm: torch.Tensor | None, B: int, H: int, S: int, device) -> torch.Tensor:
-    """A ``[S]`` or ``[B|1, H|1, S]`` permutation (or None = identity) as int64 ``[B, H, S]``."""
+    """A ``[S]``, ``[H|1, S]`` or ``[B|1, H|1, S]`` permutation (None = identity) as int64
+    ``[B, H, S]``."""
     if perm is None:
         return torch.arange(S, device=device).expand(B, H, S)
-    if perm.ndim == 1:
-        perm = perm[None, None]
+    if perm.ndim < 3:
+        perm = perm.reshape(1, -1, S)
     return perm.to(device=device, dtype=torch.int64).expand(B, H, S)
 
 
@@ -67,8 +68,8 @@ def permuted_mask(
         return bm.repeat_interleave(block_n, dim=3)[:, :, :, :S_KV]
 
     qp = expand_perm(q_perm, B, H, S_Q, device)
-    if kv_perm is not None and kv_perm.ndim == 3 and kv_perm.shape[1] == H_KV and H_KV != H:
-        kv_perm = kv_perm.repeat_interleave(H // H_KV, dim=1)
+    if kv_perm is not None and kv_perm.ndim >= 2 and kv_perm.shape[-2] == H_KV and H_KV != H:
+        kv_perm = kv_perm.repeat_interleave(H // H_KV, dim=-2)
     kp = expand_perm(kv_perm, B, H, S_KV, device)
     q_inv = inverse_permutation(qp)
     kv_inv = inverse_permutation(kp)

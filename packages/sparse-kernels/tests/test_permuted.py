@@ -1,0 +1,515 @@
+import pytest
+import torch
+from sparse_kernels import attention, grid_permutation, permuted_block_sparse_attention
+from sparse_kernels.attention import causal_mask, masked_attention_reference
+from sparse_kernels.permuted import (
+    grid_line_offsets,
+    inverse_permutation,
+    permuted_block_sparse_attention_reference,
+    permuted_mask,
+)
+from sparse_kernels.permuted.triton import _launch_permuted_fwd
+from sparse_kernels.testing import (
+    assert_close_budget,
+    default_device,
+    kernel_dtypes,
+    make_qkv,
+    on_gpu,
+)
+
+DEV = default_device()
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def _random_perm(shape: tuple[int, ...], S: int, g: torch.Generator) -> torch.Tensor:
+    return torch.argsort(torch.rand(*shape, S, generator=g), dim=-1).to(torch.int32)
+
+
+def _random_blocks(lead, nqb, nkb, density, g, *, exclude=None):
+    """Random block lists ``[*lead, nqb, nkb]`` (shuffled; the padding past the count is garbage
+    that must never be read). ``exclude`` (bool ``[*lead, nqb, nkb]``) blocks are never picked."""
+    score = torch.rand(*lead, nqb, nkb, generator=g)
+    if exclude is not None:
+        score = score.masked_fill(exclude, 2.0)
+    order = torch.argsort(score, dim=-1)
+    picked = (score < density).sum(-1)
+    pad = torch.arange(nkb) >= picked[..., None]
+    idx = order.masked_fill(pad, -7).to(torch.int32)
+    return idx.to(DEV), picked.to(torch.int32).to(DEV)
+
+
+def _perms(kind, B, H, H_KV, S_Q, S_KV, kvp, g):
+    """(q_perm, kv_perm) for a perm kind; ``kvp`` = heads of kv_perm: "kv" (H_KV), "q" (H), "1"."""
+    if kind == "identity":
+        return None, None
+    if kind == "shared":
+        return _random_perm((), S_Q, g).to(DEV), _random_perm((), S_KV, g).to(DEV)
+    kv_heads = {"kv": H_KV, "q": H, "1": 1}[kvp]
+    if kind == "random":
+        return (
+            _random_perm((B, H), S_Q, g).to(DEV),
+            _random_perm((B, kv_heads), S_KV, g).to(DEV),
+        )
+    if kind == "grid":
+        # Each head its own stride and phase (strides around sqrt(S), as tokens per frame).
+        def grid(S, n):
+            stride = torch.randint(3, 17, (n,), generator=g)
+            phase = torch.randint(0, 50, (n,), generator=g)
+            return grid_permutation(S, stride.to(DEV), phase.to(DEV)).perm[None]
+
+        return grid(S_Q, H), grid(S_KV, kv_heads)
+    raise ValueError(kind)
+
+
+def _case(B, H, H_KV, S_Q, S_KV, D, bm, bn, perm, kvp, density, causal, full, dtype, seed=0):
+    g = _gen(seed + S_Q + 7 * H)
+    q, k, v = make_qkv(B, H, H_KV, S_Q, S_KV, D, dtype=dtype, device=DEV, seed=seed + S_KV)
+    q_perm, kv_perm = _perms(perm, B, H, H_KV, S_Q, S_KV, kvp, g)
+    nqb, nkb = -(-S_Q // bm), -(-S_KV // bn)
+    # Per-(batch, head) lists when perms are per head, broadcast [1, 1, ...] lists otherwise.
+    lead = (B, H) if perm in ("random", "grid") else (1, 1)
+    idx, cnt = _random_blocks(lead, nqb, nkb, density, g)
+    kw = dict(
+        q_perm=q_perm,
+        kv_perm=kv_perm,
+        kv_block_indices=idx,
+        kv_block_counts=cnt,
+        block_m=bm,
+        block_n=bn,
+        causal=causal,
+    )
+    if full:
+        taken = torch.zeros(*lead, nqb, nkb + 1, dtype=torch.bool)
+        valid = torch.arange(idx.shape[-1], device=DEV) < cnt[..., None]
+        taken.scatter_(-1, torch.where(valid, idx.long(), nkb).cpu(), True)
+        fidx, fcnt = _random_blocks(lead, nqb, nkb, 0.3, g, exclude=taken[..., :nkb])
+        kw.update(full_kv_block_indices=fidx, full_kv_block_counts=fcnt)
+    return q, k, v, kw
+
+
+def _check(q, k, v, kw, dtype):
+    res = permuted_block_sparse_attention(q, k, v, impl="triton", check_perm=True, **kw)
+    gold = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=torch.float64, **kw)
+    low = permuted_block_sparse_attention_reference(q, k, v, **kw)
+    assert res.out.shape == q.shape and res.out.dtype == q.dtype
+    assert res.lse.shape == q.shape[:3] and res.lse.dtype == torch.float32
+    assert_close_budget(res.out, low.out, gold.out, dtype=dtype, name="out")
+    assert_close_budget(res.lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
+    return res
+
+
+# (B, H, H_KV, S_Q, S_KV, D, block_m, block_n, perm, kv_perm heads, density, causal, full list)
+CASES = [
+    pytest.param(1, 2, 2, 97, 97, 64, 64, 64, "identity", "1", 0.6, True, False, id="S97-identity"),
+    pytest.param(
+        2,
+        4,
+        1,
+        97,
+        97,
+        64,
+        32,
+        64,
+        "random",
+        "kv",
+        0.7,
+        True,
+        False,
+        id="B2-S97-gqa4-random-bm32-bn64",
+    ),
+    pytest.param(
+        1,
+        7,
+        1,
+        300,
+        300,
+        80,
+        64,
+        32,
+        "grid",
+        "q",
+        0.4,
+        True,
+        False,
+        id="S300-gqa7-D80-grid-perqhead",
+    ),
+    pytest.param(
+        1,
+        4,
+        4,
+        300,
+        300,
+        96,
+        128,
+        64,
+        "shared",
+        "1",
+        0.5,
+        False,
+        True,
+        id="S300-D96-shared-bm128-noncausal-full",
+    ),
+    pytest.param(
+        1,
+        2,
+        1,
+        1025,
+        1025,
+        128,
+        128,
+        128,
+        "grid",
+        "kv",
+        0.2,
+        True,
+        True,
+        id="S1025-gqa2-D128-grid-b128-full",
+    ),
+    pytest.param(
+        1, 4, 2, 70, 250, 64, 32, 64, "random", "q", 0.5, True, False, id="SQ70-SKV250-random"
+    ),
+    pytest.param(
+        1, 2, 2, 150, 70, 64, 64, 32, "random", "kv", 0.8, True, False, id="SQ150-SKV70-emptyrows"
+    ),
+]
+GPU_CASES = [
+    pytest.param(
+        1, 28, 4, 8192, 8192, 128, 64, 64, "grid", "q", 0.1, True, False,
+        id="S8192-qwen-grid", marks=pytest.mark.gpu,
+    ),
+    pytest.param(
+        1, 28, 4, 8192, 8192, 128, 128, 128, "random", "kv", 0.1, True, True,
+        id="S8192-qwen-random-b128-full", marks=pytest.mark.gpu,
+    ),
+    pytest.param(
+        2, 8, 8, 3001, 5000, 64, 128, 64, "shared", "1", 0.3, True, False,
+        id="B2-SQ3001-SKV5000-D64-shared", marks=pytest.mark.gpu,
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", kernel_dtypes(), ids=str)
+@pytest.mark.parametrize(
+    "B,H,H_KV,S_Q,S_KV,D,bm,bn,perm,kvp,density,causal,full", CASES + GPU_CASES
+)
+def test_matches_reference(
+    B, H, H_KV, S_Q, S_KV, D, bm, bn, perm, kvp, density, causal, full, dtype
+):
+    q, k, v, kw = _case(B, H, H_KV, S_Q, S_KV, D, bm, bn, perm, kvp, density, causal, full, dtype)
+    _check(q, k, v, kw, dtype)
+
+
+def _all_blocks(S_Q, S_KV, bm, bn, causal_only):
+    nqb, nkb = -(-S_Q // bm), -(-S_KV // bn)
+    idx = torch.arange(nkb, dtype=torch.int32).expand(1, 1, nqb, nkb).contiguous()
+    if causal_only:
+        # Blocks holding at least one causally visible key (identity permutations).
+        last_key = (torch.arange(nqb) * bm + bm - 1).clamp_max(S_Q - 1) + (S_KV - S_Q)
+        cnt = (last_key.clamp_min(-1) // bn + 1).clamp(0, nkb)
+    else:
+        cnt = torch.full((nqb,), nkb)
+    return idx.to(DEV), cnt.to(torch.int32).expand(1, 1, nqb).contiguous().to(DEV)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_identity_all_blocks_equals_dense_kernel(causal):
+    # Same tiles (64 x 32 under the interpreter) and the same key order as the dense kernel:
+    # the same arithmetic, so the interpreter result is bit-identical.
+    S, bm, bn = 300, 64, 32
+    q, k, v = make_qkv(1, 4, 2, S, S, 64, dtype=torch.float32, device=DEV, seed=5)
+    idx, cnt = _all_blocks(S, S, bm, bn, causal)
+    res = permuted_block_sparse_attention(
+        q, k, v, kv_block_indices=idx, kv_block_counts=cnt, block_m=bm, block_n=bn,
+        causal=causal, impl="triton",
+    )  # fmt: skip
+    dense = attention(q, k, v, causal=causal, impl="triton")
+    if on_gpu():
+        torch.testing.assert_close(res.out, dense.out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(res.lse, dense.lse, atol=1e-5, rtol=1e-5)
+    else:
+        assert torch.equal(res.out, dense.out) and torch.equal(res.lse, dense.lse)
+
+
+@pytest.mark.parametrize("perm", ["shared", "random", "grid"])
+def test_all_blocks_with_any_permutation_is_dense_causal(perm):
+    # Listing every block makes the permutation invisible: causal on original positions gives
+    # exactly dense causal attention, whatever the order rows and columns are visited in.
+    S, H, H_KV = 97, 4, 2
+    q, k, v = make_qkv(1, H, H_KV, S, S, 64, dtype=torch.float32, device=DEV, seed=1)
+    q_perm, kv_perm = _perms(perm, 1, H, H_KV, S, S, "kv", _gen(3))
+    idx, cnt = _all_blocks(S, S, 32, 32, False)
+    res = permuted_block_sparse_attention(
+        q, k, v, q_perm=q_perm, kv_perm=kv_perm, kv_block_indices=idx, kv_block_counts=cnt,
+        block_m=32, block_n=32, impl="triton",
+    )  # fmt: skip
+    gold = attention(q, k, v, impl="reference")
+    torch.testing.assert_close(res.out, gold.out, atol=2e-5, rtol=0)
+    torch.testing.assert_close(res.lse, gold.lse, atol=2e-5, rtol=0)
+
+
+def test_causal_is_on_original_positions_not_permuted_ones():
+    S, bm = 128, 32
+    q, k, v = make_qkv(1, 2, 2, S, S, 64, dtype=torch.float32, device=DEV, seed=2)
+    perm = grid_permutation(S, 4, 1, device=DEV).perm  # [1, S]
+    nb = S // bm
+    # With stride 4 and S = 128 every grid line is one block; query line m lists lines m and m - 1.
+    m = torch.arange(nb, device=DEV)
+    idx = torch.stack([m, (m - 1).clamp_min(0)], -1).to(torch.int32).view(1, 1, nb, 2)
+    cnt = torch.where(m > 0, 2, 1).to(torch.int32).view(1, 1, nb)
+    kw = dict(
+        q_perm=perm, kv_perm=perm, kv_block_indices=idx, kv_block_counts=cnt, block_m=bm, block_n=bm
+    )
+    res = permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
+    # Independent construction in original coordinates: key line == query line or the one
+    # before it (line of token t is (t - 1) mod 4), and j <= i.
+    i = torch.arange(S, device=DEV)
+    line = (i - 1) % 4
+    d = line[:, None] - line[None, :]
+    planted = ((d == 0) | (d == 1)) & causal_mask(S, S, DEV)
+    got_mask = permuted_mask(B=1, H=2, H_KV=2, S_Q=S, S_KV=S, causal=True, device=DEV, **kw)
+    assert torch.equal(got_mask[0, 0], planted)
+    want = masked_attention_reference(q, k, v, planted, scale=64**-0.5, compute_dtype=torch.float64)
+    torch.testing.assert_close(res.out, want.out, atol=2e-5, rtol=0)
+    # A naive kernel applying causality to PERMUTED indices (c <= r) attends another set: e.g.
+    # original query 1 (line 0) would see every key of line 3, including 4 > 1.
+    listed = torch.zeros(nb, nb, dtype=torch.bool, device=DEV)
+    listed[m, m] = True
+    listed[m[1:], m[1:] - 1] = True
+    naive_p = listed.repeat_interleave(bm, 0).repeat_interleave(bm, 1) & (i[None, :] <= i[:, None])
+    inv = inverse_permutation(perm[0]).long()
+    naive = naive_p[inv][:, inv]
+    assert not torch.equal(naive, planted)
+    other = masked_attention_reference(q, k, v, naive, scale=64**-0.5, compute_dtype=torch.float64)
+    assert (res.out - other.out).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("S,stride,phase", [(256, 4, 0), (384, 6, 5), (200, 8, 3)])
+def test_grid_permutation_turns_planted_grid_into_dense_blocks(S, stride, phase):
+    # Planted Grid head: a query attends the keys of its own grid line. After the grid
+    # permutation the lines are contiguous; listing the (query block, key block) pairs that
+    # share a line reproduces the planted pattern wherever lines are block-aligned, and the
+    # kernel equals the reference of exactly that set.
+    H = 2
+    bm = 16
+    q, k, v = make_qkv(1, H, 1, S, S, 64, dtype=torch.float16, device=DEV, seed=S)
+    p = grid_permutation(S, stride, phase, device=DEV)
+    offs = grid_line_offsets(S, stride, phase, device=DEV)[0]
+    line_of = torch.searchsorted(offs, torch.arange(S, device=DEV), right=True) - 1  # permuted pos
+    nb = -(-S // bm)
+    blk_lines = torch.zeros(nb, stride, dtype=torch.bool, device=DEV)
+    blk_lines[torch.arange(S, device=DEV) // bm, line_of] = True
+    share = (blk_lines.float() @ blk_lines.float().T) > 0  # [nb, nb]
+    cnt = share.sum(-1).to(torch.int32)
+    idx = torch.argsort((~share).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    kw = dict(
+        q_perm=p.perm, kv_perm=p.perm, kv_block_indices=idx[None, None], kv_block_counts=cnt[None, None],
+        block_m=bm, block_n=bm,
+    )  # fmt: skip
+    mask = permuted_mask(B=1, H=H, H_KV=1, S_Q=S, S_KV=S, causal=True, device=DEV, **kw)[0, 0]
+    i = torch.arange(S, device=DEV)
+    planted = ((i[:, None] - i[None, :]) % stride == 0) & causal_mask(S, S, DEV)
+    assert bool((mask | ~planted).all()), "the permuted block lists must cover the planted grid"
+    if (offs[1 : stride + 1] % bm == 0).all():
+        assert torch.equal(mask, planted)
+    _check(q, k, v, kw, torch.float16)
+
+
+def test_grid_permutation_matches_python_definition():
+    S = 53
+    stride = torch.tensor([1, 4, 7, 53, 60])
+    phase = torch.tensor([0, 2, 12, -3, 59])
+    p = grid_permutation(S, stride, phase)
+    offs = grid_line_offsets(S, stride, phase)
+    assert p.perm.dtype == torch.int32 and p.perm.shape == (5, S)
+    for h in range(5):
+        s_, ph = int(stride[h]), int(phase[h])
+        want = sorted(range(S), key=lambda i: ((i - ph) % s_, i))
+        assert torch.equal(p.perm[h], torch.tensor(want, dtype=torch.int32))
+        assert torch.equal(p.inverse[h][p.perm[h].long()], torch.arange(S, dtype=torch.int32))
+        counts = [sum(1 for i in range(S) if (i - ph) % s_ == c) for c in range(60)]
+        want_offs = torch.tensor([0] + counts).cumsum(0)
+        assert torch.equal(offs[h], want_offs)
+
+
+def test_per_head_permutations_in_one_launch_match_per_head_calls():
+    # One launch with a different grid per head == each head run alone with its own grid.
+    S, H = 150, 3
+    q, k, v = make_qkv(1, H, H, S, S, 64, dtype=torch.float32, device=DEV, seed=9)
+    p = grid_permutation(
+        S, torch.tensor([5, 9, 12], device=DEV), torch.tensor([0, 4, 11], device=DEV)
+    )
+    idx, cnt = _random_blocks((1, H), 5, 5, 0.6, _gen(4))
+    kw = dict(block_m=32, block_n=32, impl="triton")
+    res = permuted_block_sparse_attention(
+        q, k, v, q_perm=p.perm[None], kv_perm=p.perm[None], kv_block_indices=idx,
+        kv_block_counts=cnt, **kw,
+    )  # fmt: skip
+    for h in range(H):
+        sl = slice(h, h + 1)
+        one = permuted_block_sparse_attention(
+            q[:, sl], k[:, sl], v[:, sl], q_perm=p.perm[h], kv_perm=p.perm[h],
+            kv_block_indices=idx[:, sl], kv_block_counts=cnt[:, sl], **kw,
+        )  # fmt: skip
+        assert torch.equal(res.out[:, sl], one.out) and torch.equal(res.lse[:, sl], one.lse)
+
+
+def test_empty_rows_are_zero_with_neginf_lse():
+    S, bm = 97, 32
+    q, k, v = make_qkv(1, 2, 1, S, S, 64, dtype=torch.float32, device=DEV, seed=4)
+    perm = _random_perm((), S, _gen(0)).to(DEV)
+    idx = torch.zeros(1, 1, 4, 1, dtype=torch.int32, device=DEV)
+    cnt = torch.tensor([[[1, 0, 1, 0]]], dtype=torch.int32, device=DEV)
+    res = permuted_block_sparse_attention(
+        q, k, v, q_perm=perm, kv_block_indices=idx, kv_block_counts=cnt, block_m=bm, block_n=bm,
+        causal=False, impl="triton",
+    )  # fmt: skip
+    empty_rows = perm[torch.cat([torch.arange(32, 64), torch.arange(96, 97)]).to(DEV)].long()
+    assert torch.equal(res.out[:, :, empty_rows], torch.zeros_like(res.out[:, :, empty_rows]))
+    assert bool(torch.isneginf(res.lse[:, :, empty_rows]).all())
+    full_rows = torch.ones(S, dtype=torch.bool, device=DEV)
+    full_rows[empty_rows] = False
+    assert bool(torch.isfinite(res.lse[:, :, full_rows]).all())
+
+
+def test_full_blocks_skip_the_causal_mask():
+    # A full block above the diagonal is attended in full (the caller's promise), a partial one
+    # only where causally visible.
+    S, bm = 64, 32
+    q, k, v = make_qkv(1, 1, 1, S, S, 64, dtype=torch.float32, device=DEV, seed=6)
+    idx = torch.tensor([[[[0], [0]]]], dtype=torch.int32, device=DEV)
+    cnt = torch.ones(1, 1, 2, dtype=torch.int32, device=DEV)
+    fidx = torch.tensor([[[[1], [1]]]], dtype=torch.int32, device=DEV)
+    res = permuted_block_sparse_attention(
+        q, k, v, kv_block_indices=idx, kv_block_counts=cnt, full_kv_block_indices=fidx,
+        full_kv_block_counts=cnt, block_m=bm, block_n=bm, impl="triton",
+    )  # fmt: skip
+    i = torch.arange(S, device=DEV)
+    mask = ((i[None, :] < 32) & (i[None, :] <= i[:, None])) | (i[None, :] >= 32)
+    want = masked_attention_reference(q, k, v, mask, scale=64**-0.5, compute_dtype=torch.float64)
+    torch.testing.assert_close(res.out, want.out, atol=2e-5, rtol=0)
+
+
+def test_noncontiguous_bshd_inputs_and_int64_indices():
+    q, k, v = make_qkv(1, 4, 2, 97, 97, 64, dtype=torch.float16, device=DEV, seed=8, layout="bshd")
+    q_perm, kv_perm = _perms("random", 1, 4, 2, 97, 97, "kv", _gen(8))
+    idx, cnt = _random_blocks((1, 4), 2, 2, 0.7, _gen(9))
+    kw = dict(
+        q_perm=q_perm.long(), kv_perm=kv_perm.long(), kv_block_indices=idx.long(),
+        kv_block_counts=cnt.long(), block_m=64, block_n=64, causal=True,
+    )  # fmt: skip
+    _check(q, k, v, kw, torch.float16)
+
+
+def _bad_kw(**over):
+    kw = dict(
+        kv_block_indices=torch.zeros(1, 1, 2, 1, dtype=torch.int32, device=DEV),
+        kv_block_counts=torch.ones(1, 1, 2, dtype=torch.int32, device=DEV),
+        block_m=64,
+        block_n=64,
+    )
+    kw.update(over)
+    return kw
+
+
+def _t(x, dtype=torch.int32):
+    return torch.tensor(x, dtype=dtype, device=DEV)
+
+
+BAD = [
+    pytest.param(dict(q_perm=_t([0] * 100)), ValueError, "q_perm: expected a permutation", id="q_perm-repeats"),
+    pytest.param(dict(kv_perm=_t(list(range(1, 101)))), ValueError, "kv_perm: expected a permutation", id="kv_perm-out-of-range"),
+    pytest.param(dict(q_perm=_t(list(range(99)))), ValueError, r"q_perm: expected shape \[100\]", id="q_perm-short"),
+    pytest.param(dict(kv_perm=torch.zeros(1, 3, 100, dtype=torch.int32, device=DEV)), ValueError, "kv_perm: expected shape", id="kv_perm-heads"),
+    pytest.param(dict(q_perm=torch.arange(100.0, device=DEV)), TypeError, "q_perm: expected dtype int32", id="q_perm-float"),
+    pytest.param(dict(kv_block_counts=_t([[[2, 1]]])), ValueError, r"values in \[0, MAXB=1\]", id="count-over-maxb"),
+    pytest.param(dict(kv_block_indices=_t([[[[2], [0]]]])), ValueError, r"key blocks in \[0, 2\)", id="block-out-of-range"),
+    pytest.param(dict(kv_block_indices=_t([[[[0, 0], [1, 0]]]]), kv_block_counts=_t([[[2, 1]]])), ValueError, "at most once", id="block-twice"),
+    pytest.param(dict(full_kv_block_indices=_t([[[[0], [1]]]]), full_kv_block_counts=_t([[[1, 1]]])), ValueError, "at most once", id="block-in-both-lists"),
+    pytest.param(dict(full_kv_block_indices=_t([[[[1], [1]]]])), ValueError, "both or neither", id="full-without-counts"),
+    pytest.param(dict(kv_block_indices=torch.zeros(1, 1, 3, 1, dtype=torch.int32, device=DEV)), ValueError, "NQB=2", id="wrong-nqb"),
+    pytest.param(dict(kv_block_counts=torch.ones(1, 2, 2, dtype=torch.int32, device=DEV)), ValueError, "kv_block_counts: expected shape", id="counts-shape"),
+    pytest.param(dict(block_m=0), ValueError, "block_m", id="block_m-zero"),
+    pytest.param(dict(block_n=64.0), TypeError, "block_n", id="block_n-float"),
+    pytest.param(dict(check_perm="yes"), TypeError, "check_perm", id="check_perm-str"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("over,exc,match", BAD)
+def test_bad_input_raises(over, exc, match):
+    q, k, v = make_qkv(1, 2, 1, 100, 100, 64, dtype=torch.float32, device=DEV)
+    with pytest.raises(exc, match=match):
+        permuted_block_sparse_attention(q, k, v, impl="reference", **_bad_kw(**over))
+
+
+def test_check_perm_is_opt_in_on_the_triton_path():
+    q, k, v = make_qkv(1, 2, 1, 100, 100, 64, dtype=torch.float32, device=DEV)
+    with pytest.raises(ValueError, match="q_perm: expected a permutation"):
+        permuted_block_sparse_attention(
+            q, k, v, impl="triton", check_perm=True, **_bad_kw(q_perm=_t([0] * 100))
+        )
+
+
+@pytest.mark.parametrize(
+    "over,D,match",
+    [
+        pytest.param(dict(block_m=48), 64, "block_m", id="block48"),
+        pytest.param(dict(block_n=512), 64, "block_n", id="block512"),
+        pytest.param({}, 72, "head dims", id="D72"),
+    ],
+)
+def test_triton_unsupported_cases_raise(over, D, match):
+    q, k, v = make_qkv(1, 2, 1, 100, 100, D, dtype=torch.float32, device=DEV)
+    kw = _bad_kw(**over)
+    nqb = -(-100 // kw["block_m"])
+    kw["kv_block_indices"] = torch.zeros(1, 1, nqb, 1, dtype=torch.int32, device=DEV)
+    kw["kv_block_counts"] = torch.ones(1, 1, nqb, dtype=torch.int32, device=DEV)
+    with pytest.raises(NotImplementedError, match=match):
+        permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
+
+
+def test_reference_accepts_any_block_size_and_head_dim():
+    q, k, v = make_qkv(1, 2, 1, 50, 50, 24, dtype=torch.float32, device=DEV)
+    perm = _random_perm((), 50, _gen(1)).to(DEV)
+    idx, cnt = _all_blocks(50, 50, 7, 11, False)
+    res = permuted_block_sparse_attention(
+        q, k, v, q_perm=perm, kv_perm=perm, kv_block_indices=idx, kv_block_counts=cnt,
+        block_m=7, block_n=11,
+    )  # fmt: skip
+    want = attention(q, k, v, impl="reference")
+    torch.testing.assert_close(res.out, want.out, atol=1e-6, rtol=0)
+    torch.testing.assert_close(res.lse, want.lse, atol=1e-6, rtol=0)
+
+
+@pytest.mark.gpu
+def test_every_autotune_config_is_correct():
+    from sparse_kernels.permuted import triton as pt
+
+    for bm, bn in [(64, 64), (128, 128), (128, 64), (64, 128)]:
+        q, k, v, kw = _case(
+            1,
+            8,
+            2,
+            3000,
+            3000,
+            128,
+            bm,
+            bn,
+            "grid",
+            "q",
+            0.2,
+            True,
+            True,
+            torch.bfloat16,
+            seed=bm + bn,
+        )
+        gold = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=torch.float64, **kw)
+        low = permuted_block_sparse_attention_reference(q, k, v, **kw)
+        for cfg in pt._permuted_fwd_autotuned.configs:
+            if bm % cfg.kwargs["BLOCK_M"] or bn % cfg.kwargs["BLOCK_N"]:
+                continue
+            out, lse = _launch_permuted_fwd(q, k, v, scale=128**-0.5, config=cfg, **kw)
+            assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))
+            assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")

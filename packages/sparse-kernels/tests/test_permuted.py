@@ -470,6 +470,16 @@ def test_triton_unsupported_cases_raise(over, D, match):
         permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
 
 
+def test_reference_row_chunking_is_exact():
+    q, k, v, kw = _case(
+        1, 4, 2, 300, 300, 32, 32, 64, "random", "kv", 0.5, True, True, torch.float64
+    )
+    a = permuted_block_sparse_attention_reference(q, k, v, row_chunk=64, **kw)
+    b = permuted_block_sparse_attention_reference(q, k, v, row_chunk=1000, **kw)
+    torch.testing.assert_close(a.out, b.out, atol=1e-12, rtol=0)
+    torch.testing.assert_close(a.lse, b.lse, atol=1e-12, rtol=0)
+
+
 def test_reference_accepts_any_block_size_and_head_dim():
     q, k, v = make_qkv(1, 2, 1, 50, 50, 24, dtype=torch.float32, device=DEV)
     perm = _random_perm((), 50, _gen(1)).to(DEV)

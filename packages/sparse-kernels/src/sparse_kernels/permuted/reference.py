@@ -103,9 +103,11 @@ def permuted_block_sparse_attention_reference(
     causal: bool = True,
     scale: float | None = None,
     compute_dtype: torch.dtype | None = None,
+    row_chunk: int = 2048,
 ) -> AttentionOutput:
     """Permuted block-sparse attention by an explicit original-coordinate mask (no validation;
-    the public op validates). See :func:`permuted_mask` for the attended set."""
+    the public op validates). See :func:`permuted_mask` for the attended set. The bool mask is
+    built whole; scores are computed ``row_chunk`` original rows at a time."""
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
     scale = D**-0.5 if scale is None else scale
@@ -126,4 +128,12 @@ def permuted_block_sparse_attention_reference(
         causal=causal,
         device=q.device,
     )
-    return masked_attention_reference(q, k, v, mask, scale=scale, compute_dtype=compute_dtype)
+    outs, lses = [], []
+    for r0 in range(0, S_Q, row_chunk):
+        r1 = min(S_Q, r0 + row_chunk)
+        part = masked_attention_reference(
+            q[:, :, r0:r1], k, v, mask[:, :, r0:r1], scale=scale, compute_dtype=compute_dtype
+        )
+        outs.append(part.out)
+        lses.append(part.lse)
+    return AttentionOutput(torch.cat(outs, dim=2), torch.cat(lses, dim=2))

@@ -192,3 +192,87 @@ def fault_worker(
             dist.all_gather(out, x)
             wd.beat(f"step {step}")
     return step
+
+
+def synthetic_video_inputs(
+    config, *, t: int, h: int, w: int, prefix: int, question: int, seed: int
+):
+    """Processor-shaped Qwen2.5-VL inputs for a random video of ``t`` temporal groups of ``h x w``
+    patches: ``prefix`` text tokens, the video, ``question`` text tokens. Returns
+    ``(inputs, query_len)``."""
+    g = torch.Generator().manual_seed(seed)
+    vc = config.vision_config
+    n_vid = t * h * w // vc.spatial_merge_size**2
+    text = lambda n: torch.randint(100, 1000, (n,), generator=g)  # noqa: E731
+    ids = torch.cat(
+        [
+            text(prefix),
+            torch.tensor([config.vision_start_token_id]),
+            torch.full((n_vid,), config.video_token_id),
+            torch.tensor([config.vision_end_token_id]),
+            text(question),
+        ]
+    )[None]
+    patch = 3 * vc.temporal_patch_size * vc.patch_size**2
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "pixel_values_videos": torch.randn(t * h * w, patch, generator=g),
+        "video_grid_thw": torch.tensor([[t, h, w]]),
+        "mm_token_type_ids": (ids == config.video_token_id).int() * 2,
+    }
+    return inputs, question
+
+
+def build_tiny_model(kind: str, seed: int):
+    import transformers
+
+    from .integrations.hf import tiny_llama_config, tiny_qwen2_5_vl_config
+
+    torch.manual_seed(seed)
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(tiny_llama_config())
+    elif kind == "qwen2_5_vl":
+        model = transformers.Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config())
+    else:
+        raise ValueError(f"kind: expected 'llama' or 'qwen2_5_vl', got {kind!r}")
+    return model.eval()
+
+
+def model_inputs(kind: str, model, *, n: int, query_len: int, seed: int):
+    """``(inputs, query_len)`` of a tiny model case (llama: random ids of length n)."""
+    if kind == "llama":
+        g = torch.Generator().manual_seed(seed)
+        return {
+            "input_ids": torch.randint(0, model.config.vocab_size, (1, n), generator=g)
+        }, query_len
+    t = max(2, (n - query_len - 4) // 4)
+    return synthetic_video_inputs(
+        model.config, t=t, h=4, w=4, prefix=3, question=query_len, seed=seed
+    )
+
+
+def hf_worker(rank: int, world_size: int, *, runs: list[dict]):
+    """Worker: for each run build the tiny model and generate sharded; return tokens + logits."""
+    from .config import SpavaConfig
+    from .integrations.hf import sharded_generate
+
+    out = []
+    for run in runs:
+        model = build_tiny_model(run["kind"], run["seed"])
+        inputs, nq = model_inputs(
+            run["kind"], model, n=run["n"], query_len=run["query_len"], seed=run["seed"]
+        )
+        cfg = None
+        if run.get("config"):
+            cfg = SpavaConfig(num_hosts=world_size, **run["config"])
+        r = sharded_generate(
+            model,
+            inputs,
+            query_len=nq,
+            method=run["method"],
+            config=cfg,
+            max_new_tokens=run.get("new", 4),
+        )
+        out.append((r.tokens, r.first_logits))
+    return out

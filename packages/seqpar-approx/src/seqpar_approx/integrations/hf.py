@@ -1,0 +1,542 @@
+"""Run a HuggingFace decoder (Qwen2 / Qwen2.5-VL language model, Llama / SmolLM2) with Spava or a
+baseline in every layer, each rank holding its shard of the hidden states.
+
+* :func:`use_spava` registers the attention function under ``ATTN_NAME`` through
+  ``transformers.AttentionInterface`` (and a no-op mask function: the layout defines causality),
+  switches the *language model's* configs to it (the vision tower keeps its own) and returns a
+  handle whose ``remove()`` (or ``with``-exit) restores the previous implementation.
+* :func:`frame_parallel_visual` patches the vision tower so each rank encodes its frames (Eq. 6)
+  and all-gathers the embeddings; the handle undoes the patch.
+* :func:`sharded_generate` is the whole job: embeddings + positions of the full prompt (vision
+  tower frame-parallel), shard by the layout, one prefill forward per rank, then greedy decoding
+  where each new token's attention is split over ranks (each key counted once) and LSE-merged,
+  so decoding is exact over the KV cache that the (approximate) prefill produced.
+
+The attention function reads what it needs from the active state set by :func:`use_spava`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from sparse_kernels import attention, merge_attention
+
+from .._comm import all_gather, all_gather_uneven, world
+from ..baselines import zigzag_ring_attention
+from ..config import SpavaConfig, resolve_apb
+from ..layout import SpavaLayout, build_layout, ring_layout, split_frames
+from ..spava import simulate_spava_attention, spava_attention
+
+ATTN_NAME = "seqpar_approx"
+METHODS = ("spava", "ring", "star", "apb", "dense")
+
+
+@dataclass
+class _State:
+    method: str
+    layout: SpavaLayout | None
+    config: SpavaConfig | None
+    group: object
+    rank: int
+    owned: torch.Tensor | None  # local prefill rows this rank's decoding attends (None: all)
+    impl: str = "auto"
+    simulate: bool = False
+    on_layer: object = None
+    timings: dict = field(default_factory=dict)
+
+
+_ACTIVE: list[_State] = []
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "seqpar_approx.integrations.hf needs transformers: pip install transformers"
+        ) from e
+    return transformers
+
+
+def _decode_attention(st: _State, q, k, v, scale):
+    """New tokens' attention over this rank's share of the cache, merged over ranks."""
+    pre = k.shape[2] - q.shape[2]  # cached rows before the new tokens
+    owned = torch.arange(pre) if st.owned is None else st.owned
+    owned = owned.to(k.device)
+    first = st.rank == 0
+    idx = torch.cat([owned, torch.arange(pre, k.shape[2], device=k.device)]) if first else owned
+    ks, vs = k.index_select(2, idx), v.index_select(2, idx)
+    r = attention(q, ks, vs, causal=first, scale=scale, impl=st.impl)
+    _, size = world(st.group)
+    if size == 1 or st.method == "dense" or st.simulate:
+        return r.out
+    outs = all_gather(r.out, st.group, async_op=False).wait()
+    lses = all_gather(r.lse, st.group, async_op=False).wait()
+    return merge_attention(outs, lses, impl=st.impl).out
+
+
+def _attention_fn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    if not _ACTIVE:
+        raise RuntimeError(
+            f"attn_implementation={ATTN_NAME!r} is only valid inside seqpar_approx use_spava(...)"
+        )
+    st = _ACTIVE[-1]
+    layer = getattr(module, "layer_idx", None)
+    t0 = time.perf_counter()
+    if query.shape[2] == key.shape[2]:  # prefill of the local rows
+        if st.method == "dense":
+            out = attention(query, key, value, causal=True, scale=scaling, impl=st.impl).out
+        elif st.simulate:
+            out = simulate_spava_attention(
+                query, key, value, st.layout, st.config, scale=scaling, impl=st.impl
+            ).out
+        elif st.method == "ring":
+            out = zigzag_ring_attention(
+                query,
+                key,
+                value,
+                st.layout,
+                st.group,
+                overlap_comm=st.config.overlap_comm,
+                scale=scaling,
+                impl=st.impl,
+            ).out
+        else:
+            out = spava_attention(
+                query, key, value, st.layout, st.config, st.group, scale=scaling, impl=st.impl
+            ).out
+    else:
+        out = _decode_attention(st, query, key, value, scaling)
+    st.timings[layer] = st.timings.get(layer, 0.0) + time.perf_counter() - t0
+    if st.on_layer is not None:
+        st.on_layer(layer)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args, **kwargs):
+    return None
+
+
+def register() -> str:
+    """Register the attention (and no-op mask) function with transformers; returns its name."""
+    tf = _transformers()
+    tf.AttentionInterface.register(ATTN_NAME, _attention_fn)
+    try:
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionMaskInterface.register(ATTN_NAME, _no_mask)
+    except ImportError:  # older transformers build masks from the sdpa path; harmless
+        pass
+    return ATTN_NAME
+
+
+def language_model(model):
+    """The decoder stack: ``model.model.language_model`` (VLMs) or ``model.model`` (LMs)."""
+    inner = getattr(model, "model", model)
+    return getattr(inner, "language_model", inner)
+
+
+class Handle:
+    """Undo object: ``remove()`` restores what was patched; also a context manager."""
+
+    def __init__(self, undo):
+        self._undo = undo
+
+    def remove(self) -> None:
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def owned_rows(method: str, layout: SpavaLayout | None, rank: int, local_len: int) -> torch.Tensor:
+    """Local prefill rows whose keys rank ``rank`` contributes when decoding: each key once over
+    all ranks (anchor slice ``rank``, its blocks, the query on rank 0; ring: all local rows)."""
+    if method in ("dense", "ring"):
+        return torch.arange(local_len)
+    rows, off = [], 0
+    a0, a1 = layout.anchor_slice(rank)
+    for kind, s, e in layout.local_segments(rank):
+        if kind == "anchor":
+            rows.append(torch.arange(off + a0, off + a1))
+        elif kind == "block" or (kind == "query" and rank == 0):
+            rows.append(torch.arange(off, off + e - s))
+        off += e - s
+    return torch.cat(rows)
+
+
+def use_spava(
+    model,
+    *,
+    method: str = "spava",
+    layout: SpavaLayout | None = None,
+    config: SpavaConfig | None = None,
+    group=None,
+    impl: str = "auto",
+    on_layer=None,
+    simulate: bool = False,
+) -> Handle:
+    """Make every attention layer of ``model``'s language model run ``method`` on this rank's shard.
+
+    ``layout``/``config`` come from :func:`layout_for` (``dense`` needs neither).
+    ``simulate=True``: one process holds the full sequence and runs
+    :func:`simulate_spava_attention` (spava / star / apb) — the reference for the distributed run.
+    Returns a :class:`Handle` restoring the previous attention implementation.
+    """
+    if simulate and method in ("dense", "ring"):
+        raise ValueError(f"simulate=True is for spava/star/apb, got method {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+    if method != "dense" and layout is None:
+        raise ValueError(f"method {method!r} needs a layout (see layout_for)")
+    if config is not None and not config.fused_query:
+        raise NotImplementedError(
+            "fused_query=False at the HF model level (two forward passes per layer); the "
+            "unfused ablation exists only in benchmarks/bench_spava.py's layer stack"
+        )
+    register()
+    rank, _ = world(group)
+    if simulate or method == "dense":
+        rank, owned = 0, None
+    else:
+        local_len = layout.local_len(rank) if layout is not None else 0
+        owned = owned_rows(method, layout, rank, local_len)
+    st = _State(
+        method=method,
+        layout=layout,
+        config=config,
+        group=group,
+        rank=rank,
+        owned=owned,
+        impl=impl,
+        simulate=simulate,
+        on_layer=on_layer,
+    )
+    lm = language_model(model)
+    configs = {}
+    for m in lm.modules():
+        c = getattr(m, "config", None)
+        if c is not None and hasattr(c, "_attn_implementation") and id(c) not in configs:
+            configs[id(c)] = (c, c._attn_implementation)
+    for c, _ in configs.values():
+        c._attn_implementation = ATTN_NAME
+    _ACTIVE.append(st)
+
+    def undo():
+        for c, old in configs.values():
+            c._attn_implementation = old
+        _ACTIVE.remove(st)
+
+    h = Handle(undo)
+    h.state = st
+    return h
+
+
+def layout_for(
+    method: str, seq_len: int, *, query_len: int, num_hosts: int, config: SpavaConfig | None = None
+) -> tuple[SpavaLayout | None, SpavaConfig | None]:
+    """``(layout, config)`` of a method for one prompt (``config`` overrides spava's defaults)."""
+    from ..config import apb_config, star_config
+
+    if method == "dense":
+        return None, config
+    if method == "ring":
+        return ring_layout(seq_len, num_hosts=num_hosts), config or SpavaConfig(num_hosts=num_hosts)
+    if method == "star":
+        cfg = star_config(num_hosts, anchor_len=config.anchor_len if config else None)
+    elif method == "apb":
+        cfg = apb_config(
+            num_hosts,
+            anchor_len=config.anchor_len if config else None,
+            passing_len=config.passing_len if config else None,
+        )
+        cfg = resolve_apb(cfg, seq_len)
+    elif method == "spava":
+        cfg = config or SpavaConfig(num_hosts=num_hosts)
+    else:
+        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+    if cfg.num_hosts != num_hosts:
+        raise ValueError(f"config.num_hosts={cfg.num_hosts} but the group has {num_hosts} ranks")
+    return build_layout(seq_len, query_len=query_len, config=cfg), cfg
+
+
+# ---- frame-parallel vision -----------------------------------------------------------------------
+
+
+def frame_parallel_visual(model, group=None) -> Handle:
+    """Patch ``model``'s vision tower (Qwen2.5-VL ``model.model.visual``) so that for one video
+    (``grid_thw`` of one row ``[t, h, w]``) rank ``r`` encodes the temporal groups of
+    ``split_frames(t, H)[r]`` and the merged embeddings are all-gathered. Qwen2.5-VL's vision
+    attention never crosses temporal groups, so the result equals encoding every frame locally.
+    """
+    inner = getattr(model, "model", model)
+    visual = getattr(inner, "visual", None)
+    if visual is None:
+        raise ValueError("frame_parallel_visual: the model has no .model.visual vision tower")
+    orig = visual.forward
+    rank, size = world(group)
+    merge = getattr(visual, "spatial_merge_size", 2) ** 2
+
+    def forward(hidden_states, grid_thw=None, **kwargs):
+        if size == 1 or grid_thw is None or grid_thw.shape[0] != 1:
+            if grid_thw is not None and grid_thw.shape[0] != 1 and size > 1:
+                raise NotImplementedError(
+                    f"frame-parallel vision of {grid_thw.shape[0]} images/videos in one call; "
+                    "only one video per prompt is split over ranks"
+                )
+            return orig(hidden_states, grid_thw=grid_thw, **kwargs)
+        t, h, w = (int(x) for x in grid_thw[0])
+        parts = split_frames(t, size)
+        per_t = h * w
+        mine = parts[rank]
+        if len(mine) == 0:
+            raise ValueError(
+                f"video too short for frame parallelism: {t} temporal groups over {size} ranks "
+                "(set frame_parallel_vision=False or use more frames)"
+            )
+        local = hidden_states[mine.start * per_t : mine.stop * per_t]
+        local_grid = grid_thw.new_tensor([[len(mine), h, w]])
+        res = orig(local, grid_thw=local_grid, **kwargs)
+        lens = [len(p) * per_t // merge for p in parts]
+        if isinstance(res, torch.Tensor):
+            return all_gather_uneven(res, lens, group)
+        res.pooler_output = all_gather_uneven(res.pooler_output, lens, group)
+        if getattr(res, "last_hidden_state", None) is not None:
+            lens_full = [len(p) * per_t for p in parts]
+            if res.last_hidden_state.shape[0] == lens_full[rank]:
+                res.last_hidden_state = all_gather_uneven(res.last_hidden_state, lens_full, group)
+        return res
+
+    visual.forward = forward
+
+    def undo():
+        visual.forward = orig
+
+    return Handle(undo)
+
+
+# ---- the whole job ------------------------------------------------------------------------------
+
+
+class _Captured(Exception):
+    pass
+
+
+def prompt_embeddings(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inputs_embeds [B, n, d], position_ids)`` that ``model`` would hand its language model
+    (VLMs: vision features scattered in, M-RoPE positions ``[3 or 4, B, n]``; LMs: ``[1, n]``)."""
+    lm = language_model(model)
+    if lm is getattr(model, "model", model) and "pixel_values_videos" not in inputs:
+        ids = inputs["input_ids"]
+        pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+        return model.get_input_embeddings()(ids), pos
+    box = {}
+
+    def hook(module, args, kwargs):
+        box.update(kwargs)
+        raise _Captured
+
+    h = lm.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(**inputs, use_cache=False)
+    except _Captured:
+        pass
+    finally:
+        h.remove()
+    if "inputs_embeds" not in box:
+        raise RuntimeError("could not capture the language model inputs from the model's forward")
+    return box["inputs_embeds"], box["position_ids"]
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    ttft_s: float
+    prefill_s: float
+    vision_s: float
+    decode_s: float
+    attention_s: float
+    seq_len: int
+    layout: SpavaLayout | None
+    first_logits: torch.Tensor  # next-token logits after the prompt, float32 [vocab] (rank 0's)
+
+
+def sharded_generate(
+    model,
+    inputs: dict,
+    *,
+    query_len: int,
+    method: str = "spava",
+    config: SpavaConfig | None = None,
+    group=None,
+    max_new_tokens: int = 16,
+    eos_token_id: int | None = None,
+    impl: str = "auto",
+    watchdog=None,
+    simulate_hosts: int | None = None,
+) -> GenerationResult:
+    """Prefill ``inputs`` (processor output, batch 1) sharded over the ranks of ``group`` with
+    ``method``, then greedy-decode up to ``max_new_tokens``; every rank returns the same tokens.
+
+    ``query_len``: prompt tokens after the video (the query block). ``config``: Spava's switches
+    (``frame_parallel_vision``, ``overlap_comm``, ``anchor_len``, ``passing_len``).
+    ``simulate_hosts=H``: run this process alone with the single-process simulation of ``method``
+    over ``H`` hosts (the reference the distributed run must match).
+    """
+    rank, size = world(group)
+    if simulate_hosts is not None:
+        rank, size, group = 0, 1, None
+    dev = next(model.parameters()).device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    beat = watchdog.beat if watchdog is not None else (lambda phase: None)
+    if method == "dense" and size != 1:
+        raise ValueError(f"method 'dense' runs on one process, the group has {size} ranks")
+    fp = config.frame_parallel_vision if config is not None else True
+    sync()
+    t0 = time.perf_counter()
+    vis = (
+        frame_parallel_visual(model, group)
+        if (fp and size > 1 and "pixel_values_videos" in inputs)
+        else None
+    )
+    try:
+        embeds, pos = prompt_embeddings(model, inputs)
+    finally:
+        if vis is not None:
+            vis.remove()
+    sync()
+    t_vis = time.perf_counter()
+    beat("vision")
+    n = embeds.shape[1]
+    hosts = simulate_hosts if simulate_hosts is not None else size
+    layout, cfg = layout_for(method, n, query_len=query_len, num_hosts=hosts, config=config)
+    if layout is not None and simulate_hosts is None:
+        local_embeds = layout.shard(embeds, rank, dim=1)
+        local_pos = layout.shard(pos, rank, dim=pos.ndim - 1)
+    else:
+        local_embeds, local_pos = embeds, pos
+    tf = _transformers()
+    cache = tf.DynamicCache()
+    lm = language_model(model)
+    head = model.get_output_embeddings()
+    with (
+        use_spava(
+            model,
+            method=method,
+            layout=layout,
+            config=cfg,
+            group=group,
+            impl=impl,
+            on_layer=lambda i: beat(f"layer {i}"),
+            simulate=simulate_hosts is not None,
+        ) as h,
+        torch.no_grad(),
+    ):
+        out = lm(
+            inputs_embeds=local_embeds,
+            position_ids=local_pos,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        # the prompt's last token is the last local row on rank 0 for every method
+        logits = head(out.last_hidden_state[:, -1:])
+        tok = _agree(logits.argmax(-1), group)
+        first_logits = logits[0, -1].float().cpu()
+        sync()
+        t_first = time.perf_counter()
+        tokens = [int(tok)]
+        nxt = int(pos.max()) + 1
+        for step in range(max_new_tokens - 1):
+            if eos_token_id is not None and tokens[-1] == eos_token_id:
+                break
+            e = model.get_input_embeddings()(torch.tensor([[tokens[-1]]], device=dev))
+            p = torch.full((*pos.shape[:-1], 1), nxt + step, dtype=pos.dtype, device=dev)
+            out = lm(inputs_embeds=e, position_ids=p, past_key_values=cache, use_cache=True)
+            tokens.append(int(_agree(head(out.last_hidden_state[:, -1:]).argmax(-1), group)))
+            beat(f"decode step {step}")
+        sync()
+        t_end = time.perf_counter()
+        att = sum(h.state.timings.values())
+    return GenerationResult(
+        tokens=tokens,
+        ttft_s=t_first - t0,
+        prefill_s=t_first - t_vis,
+        vision_s=t_vis - t0,
+        decode_s=t_end - t_first,
+        attention_s=att,
+        seq_len=n,
+        layout=layout,
+        first_logits=first_logits,
+    )
+
+
+def _agree(tok: torch.Tensor, group) -> torch.Tensor:
+    """Rank 0's token on every rank (rank 0 always holds the prompt's last row)."""
+    _, size = world(group)
+    if size == 1:
+        return tok.reshape(())
+    t = tok.reshape(1).clone()
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast(t, src=src, group=group)
+    return t.reshape(())
+
+
+# ---- tiny random models (tests and the no-checkpoint demo) --------------------------------------
+
+
+def tiny_llama_config(*, vocab_size: int = 256, layers: int = 2):
+    """A 2-layer Llama (SmolLM2's architecture) small enough for CPU tests."""
+    tf = _transformers()
+    return tf.LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+
+
+def tiny_qwen2_5_vl_config(*, layers: int = 2):
+    """A tiny random Qwen2.5-VL (real token ids and processor geometry: patch 14, merge 2,
+    temporal patch 2; 64-wide text model with M-RoPE sections [2, 3, 3])."""
+    tf = _transformers()
+    return tf.Qwen2_5_VLConfig(
+        text_config=dict(
+            hidden_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=151936,
+            max_position_embeddings=32768,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+            },
+        ),
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            num_heads=2,
+            intermediate_size=64,
+            out_hidden_size=64,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        ),
+    )

@@ -6,9 +6,9 @@ Two questions:
    computed), run un-permuted (contiguous loads), with a Grid permutation and with a random
    permutation, at 32K and 128K. Target: permuted within 1.2x of un-permuted.
 2. A Grid head (stride = tokens per frame: 256, or 324 for 18 x 18 patches) at 128K / 512K / 1M
-   vs cuDNN dense causal attention. After the Grid permutation every grid line is contiguous;
-   a permuted query block lists the key blocks that share a grid line with it (causal on
-   original positions), i.e. each token attends the same spatial position in every earlier frame.
+   vs cuDNN dense causal attention. After the Grid permutation every grid line is contiguous, so
+   the Grid head's slash, vertical and horizontal lines become dense tiles (see ``_grid_lists``);
+   causality is evaluated on original positions by the kernel.
 """
 
 from __future__ import annotations
@@ -58,16 +58,25 @@ def _random_lists(S, seed=0):
 
 
 def _grid_lists(S, stride):
-    """Key blocks sharing a grid line with each query block, in Grid-permuted order (shared by
-    every head: phase 0)."""
+    """The Grid head of MMInference (Table 3: stride, hline, vline, slash all on, phase 0, shared
+    by every head) as key-block lists in Grid-permuted order.
+
+    Grid line ``c`` holds tokens ``i`` with ``i mod stride == c``; the permutation makes each line
+    contiguous. Slash lines (``i - j`` a multiple of the stride) = key blocks sharing a line with
+    the query block; the vertical line = key blocks holding line 0; the horizontal line = query
+    blocks holding line 0 list every key block. Causality (original positions) is the kernel's.
+    """
     nb = -(-S // BLOCK)
     offs = grid_line_offsets(S, stride, 0, device="cuda")[0]
     line = torch.searchsorted(offs, torch.arange(S, device="cuda"), right=True) - 1
     blk_lines = torch.zeros(nb, stride, device="cuda")
     blk_lines[torch.arange(S, device="cuda") // BLOCK, line] = 1.0
-    share = (blk_lines @ blk_lines.T) > 0
-    cnt = share.sum(-1).to(torch.int32)
-    idx = torch.topk(share.to(torch.float32), int(cnt.max()), dim=-1).indices.to(torch.int32)
+    listed = (blk_lines @ blk_lines.T) > 0  # slash
+    has_line0 = blk_lines[:, 0] > 0
+    listed |= has_line0[None, :]  # vertical line
+    listed |= has_line0[:, None]  # horizontal line
+    cnt = listed.sum(-1).to(torch.int32)
+    idx = torch.topk(listed.to(torch.float32), int(cnt.max()), dim=-1).indices.to(torch.int32)
     return idx[None, None].contiguous(), cnt[None, None].contiguous()
 
 

@@ -181,6 +181,7 @@ def _permuted_fwd_kernel(
     h = bh % H
     h_kv = h // GROUP
     b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
 
     offs_r = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # permuted rows
     offs_n = tl.arange(0, BLOCK_N)
@@ -190,7 +191,7 @@ def _permuted_fwd_kernel(
     if HAS_Q_PERM:
         # The permutation index of this tile, loaded once and reused for the q gather and the
         # out/lse scatter.
-        qp_base = qp_ptr + b64 * stride_qp_b + h.to(tl.int64) * stride_qp_h
+        qp_base = qp_ptr + b64 * stride_qp_b + h64 * stride_qp_h
         rows = tl.load(qp_base + offs_r.to(tl.int64) * stride_qp_s, mask=row_ok, other=0)
         rows = rows.to(tl.int64)
     else:
@@ -199,7 +200,7 @@ def _permuted_fwd_kernel(
     q = tl.load(
         q_ptr
         + b64 * stride_q_b
-        + h.to(tl.int64) * stride_q_h
+        + h64 * stride_q_h
         + rows[:, None] * stride_q_s
         + offs_d[None, :] * stride_q_d,
         mask=row_ok[:, None] & d_ok[None, :],
@@ -217,8 +218,8 @@ def _permuted_fwd_kernel(
     q_pos = rows + (S_KV - S_Q)
 
     qb = (start_m * BLOCK_M) // q_block
-    count = tl.load(cnt_ptr + b64 * stride_cnt_b + h * stride_cnt_h + qb * stride_cnt_m)
-    idx_base = idx_ptr + b64 * stride_idx_b + h * stride_idx_h + qb * stride_idx_m
+    count = tl.load(cnt_ptr + b64 * stride_cnt_b + h64 * stride_cnt_h + qb * stride_cnt_m)
+    idx_base = idx_ptr + b64 * stride_idx_b + h64 * stride_idx_h + qb.to(tl.int64) * stride_idx_m
     acc, l_i, m_i = _permuted_blocks_inner(
         acc, l_i, m_i, q, k_base, v_base, kvp_base, idx_base, stride_idx_n, count,
         stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
@@ -226,8 +227,10 @@ def _permuted_fwd_kernel(
         D, BLOCK_N, IS_CAUSAL, HAS_KV_PERM, IEEE,
     )  # fmt: skip
     if HAS_FULL:
-        fcount = tl.load(fcnt_ptr + b64 * stride_fcnt_b + h * stride_fcnt_h + qb * stride_fcnt_m)
-        fidx_base = fidx_ptr + b64 * stride_fidx_b + h * stride_fidx_h + qb * stride_fidx_m
+        fcount = tl.load(fcnt_ptr + b64 * stride_fcnt_b + h64 * stride_fcnt_h + qb * stride_fcnt_m)
+        fidx_base = (
+            fidx_ptr + b64 * stride_fidx_b + h64 * stride_fidx_h + qb.to(tl.int64) * stride_fidx_m
+        )
         acc, l_i, m_i = _permuted_blocks_inner(
             acc, l_i, m_i, q, k_base, v_base, kvp_base, fidx_base, stride_fidx_n, fcount,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
@@ -243,7 +246,7 @@ def _permuted_fwd_kernel(
     o_ptrs = (
         out_ptr
         + b64 * stride_o_b
-        + h.to(tl.int64) * stride_o_h
+        + h64 * stride_o_h
         + rows[:, None] * stride_o_s
         + offs_d[None, :] * stride_o_d
     )
@@ -288,12 +291,17 @@ _permuted_fwd_autotuned = triton.autotune(
 )(_permuted_fwd_kernel)
 
 
+def _as_3d(perm: torch.Tensor | None) -> torch.Tensor | None:
+    """``[S]`` / ``[heads, S]`` / ``[B, heads, S]`` as a 3-D view."""
+    if perm is None or perm.ndim == 3:
+        return perm
+    return perm.view(1, 1, -1) if perm.ndim == 1 else perm[None]
+
+
 def _strides3(t: torch.Tensor | None) -> tuple[int, int, int]:
-    """Strides (b, h, s) of a ``[S]`` or ``[B|1, H|1, S]`` index; size-1 dims broadcast (stride 0)."""
+    """Strides (b, h, s) of a ``[B|1, H|1, S]`` index; size-1 dims broadcast (stride 0)."""
     if t is None:
         return (0, 0, 0)
-    if t.ndim == 1:
-        return (0, 0, t.stride(0))
     return tuple(0 if t.shape[i] == 1 else t.stride(i) for i in range(3))
 
 
@@ -310,8 +318,8 @@ def _launch_permuted_fwd(
     kv_perm: torch.Tensor | None,
     kv_block_indices: torch.Tensor,
     kv_block_counts: torch.Tensor,
-    full_kv_block_indices: torch.Tensor | None,
-    full_kv_block_counts: torch.Tensor | None,
+    full_kv_block_indices: torch.Tensor | None = None,
+    full_kv_block_counts: torch.Tensor | None = None,
     block_m: int,
     block_n: int,
     causal: bool,
@@ -321,6 +329,7 @@ def _launch_permuted_fwd(
     """Allocate, launch. ``config`` forces one tile config (tests sweep the autotune list)."""
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
+    q_perm, kv_perm = _as_3d(q_perm), _as_3d(kv_perm)
     out = torch.empty((B, H, S_Q, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
     has_full = full_kv_block_indices is not None

@@ -174,6 +174,9 @@ CASES = [
     pytest.param(
         1, 2, 2, 150, 70, 64, 64, 32, "random", "kv", 0.8, True, False, id="SQ150-SKV70-emptyrows"
     ),
+    pytest.param(
+        1, 2, 1, 1, 257, 64, 16, 64, "random", "q", 0.7, True, False, id="SQ1-SKV257-decode"
+    ),
 ]
 GPU_CASES = [
     pytest.param(
@@ -523,3 +526,68 @@ def test_every_autotune_config_is_correct():
             out, lse = _launch_permuted_fwd(q, k, v, scale=128**-0.5, config=cfg, **kw)
             assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))
             assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
+
+
+def _flex_lists(H, nqb, nkb, density, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    order = torch.argsort(torch.rand(1, H, nqb, nkb, device="cuda", generator=g), dim=-1)
+    cnt = torch.randint(0, int(density * nkb) + 1, (1, H, nqb), device="cuda", generator=g)
+    return order.to(torch.int32), cnt.to(torch.int32)
+
+
+@pytest.mark.gpu
+def test_identity_perms_match_flex_attention_block_mask():
+    # Identity permutations = block-sparse attention with FlexAttention's BlockMask semantics
+    # (partial blocks masked by mask_mod = causal, full blocks unmasked).
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    S, H, H_KV, bm, bn = 4096, 8, 2, 128, 128
+    q, k, v = make_qkv(1, H, H_KV, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=11)
+    idx, cnt = _flex_lists(H, S // bm, S // bn, 0.3, 1)
+    # Full blocks: the next few entries of the same shuffled order (disjoint from the partial).
+    fcnt = torch.minimum(torch.full_like(cnt, 3), S // bn - cnt)
+    fidx = torch.gather(
+        idx, -1, (torch.arange(S // bn, device="cuda") + cnt[..., None].long()) % (S // bn)
+    )
+    fidx = fidx.to(torch.int32).contiguous()
+    block_mask = BlockMask.from_kv_blocks(
+        cnt, idx, fcnt, fidx, BLOCK_SIZE=(bm, bn), mask_mod=lambda b, h, i, j: j <= i
+    )
+    ref = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    ours = permuted_block_sparse_attention(
+        q, k, v, kv_block_indices=idx, kv_block_counts=cnt, full_kv_block_indices=fidx,
+        full_kv_block_counts=fcnt, block_m=bm, block_n=bn,
+    )  # fmt: skip
+    rows = ~torch.isneginf(ours.lse)  # flex leaves rows with no key at 0 as well
+    err = (ours.out.float() - ref.float()).norm() / ref.float().norm()
+    assert err < 1e-2, err
+    assert torch.equal(ours.out[~rows], torch.zeros_like(ours.out[~rows]))
+
+
+@pytest.mark.gpu
+def test_grid_perms_match_flex_attention_mask_mod():
+    # Independent check of the whole semantics: FlexAttention evaluates, for every original
+    # (i, j), "the permuted block of (i, j) is listed and j <= i" through the inverse permutations.
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    S, H, H_KV, bm, bn = 4096, 8, 2, 64, 128
+    q, k, v = make_qkv(1, H, H_KV, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=12)
+    strides = torch.tensor([64, 100, 128, 200, 256, 324, 512, 77], device="cuda")
+    p = grid_permutation(S, strides, strides // 3)
+    idx, cnt = _flex_lists(H, S // bm, S // bn, 0.2, 2)
+    listed = torch.zeros(1, H, S // bm, S // bn + 1, dtype=torch.bool, device="cuda")
+    valid = torch.arange(S // bn, device="cuda") < cnt[..., None]
+    listed.scatter_(-1, torch.where(valid, idx.long(), S // bn), True)
+    inv = p.inverse.long()
+
+    def mask_mod(b, h, i, j):
+        return listed[0, h, inv[h, i] // bm, inv[h, j] // bn] & (j <= i)
+
+    block_mask = create_block_mask(mask_mod, 1, H, S, S, device="cuda")
+    ref = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    ours = permuted_block_sparse_attention(
+        q, k, v, q_perm=p.perm, kv_perm=p.perm, kv_block_indices=idx, kv_block_counts=cnt,
+        block_m=bm, block_n=bn,
+    )  # fmt: skip
+    err = (ours.out.float() - ref.float()).norm() / ref.float().norm()
+    assert err < 1e-2, err

@@ -338,6 +338,11 @@ def prompt_embeddings(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
         ids = inputs["input_ids"]
         pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
         return model.get_input_embeddings()(ids), pos
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    if "mm_token_type_ids" in inputs and "mm_token_type_ids" not in params:
+        inputs = {k: v for k, v in inputs.items() if k != "mm_token_type_ids"}  # older transformers
     box = {}
 
     def hook(module, args, kwargs):

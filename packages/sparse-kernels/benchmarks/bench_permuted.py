@@ -75,6 +75,13 @@ def _grid_lists(S, stride):
     has_line0 = blk_lines[:, 0] > 0
     listed |= has_line0[None, :]  # vertical line
     listed |= has_line0[:, None]  # horizontal line
+    # Drop blocks with no causally visible pair: every original key of the key block lies after
+    # every original query of the query block (the kernel would compute them only to mask them).
+    perm = grid_permutation(S, stride, 0, device="cuda").perm[0].long()
+    pad = torch.full((nb * BLOCK - S,), -1, device="cuda", dtype=torch.long)
+    q_max = torch.cat([perm, pad]).view(nb, BLOCK).amax(-1)
+    k_min = torch.cat([perm, pad.abs() * S]).view(nb, BLOCK).amin(-1)
+    listed &= k_min[None, :] <= q_max[:, None]
     cnt = listed.sum(-1).to(torch.int32)
     idx = torch.topk(listed.to(torch.float32), int(cnt.max()), dim=-1).indices.to(torch.int32)
     return idx[None, None].contiguous(), cnt[None, None].contiguous()

@@ -591,3 +591,19 @@ def test_grid_perms_match_flex_attention_mask_mod():
     )  # fmt: skip
     err = (ours.out.float() - ref.float()).norm() / ref.float().norm()
     assert err < 1e-2, err
+
+
+@pytest.mark.parametrize("q_block,kv_block", [(64, 64), (128, 64), (64, 128), (32, 256), (16, 16)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_autotune_prune_keeps_only_tiles_dividing_the_blocks(q_block, kv_block, dtype):
+    from sparse_kernels.permuted import triton as pt
+
+    args = dict(q_block=q_block, kv_block=kv_block, q_ptr=torch.empty(1, dtype=dtype))
+    kept = pt._prune(pt._permuted_fwd_autotuned.configs, args)
+    assert kept
+    for c in kept:
+        assert q_block % c.kwargs["BLOCK_M"] == 0 and kv_block % c.kwargs["BLOCK_N"] == 0
+    if dtype == torch.float32:
+        assert len(kept) == 1 and c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 32
+    elif (q_block, kv_block) == (128, 64):
+        assert {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in kept} == {(128, 64), (64, 64)}

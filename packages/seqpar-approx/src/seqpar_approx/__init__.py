@@ -3,6 +3,7 @@
 from .baselines import dense_attention, zigzag_ring_attention
 from .config import SpavaConfig, apb_config, resolve_apb, star_config
 from .layout import SpavaLayout, build_layout, even_split, ring_layout, split_frames
+from .methods import METHODS, layout_for
 from .spava import (
     essential_scores,
     select_essential,
@@ -12,6 +13,7 @@ from .spava import (
 )
 
 __all__ = [
+    "METHODS",
     "SpavaConfig",
     "SpavaLayout",
     "apb_config",
@@ -19,6 +21,7 @@ __all__ = [
     "dense_attention",
     "essential_scores",
     "even_split",
+    "layout_for",
     "resolve_apb",
     "ring_layout",
     "select_essential",

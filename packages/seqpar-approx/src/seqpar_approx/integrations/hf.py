@@ -26,12 +26,12 @@ from sparse_kernels import attention, merge_attention
 
 from .._comm import all_gather, all_gather_uneven, world
 from ..baselines import zigzag_ring_attention
-from ..config import SpavaConfig, resolve_apb
-from ..layout import SpavaLayout, build_layout, ring_layout, split_frames
+from ..config import SpavaConfig
+from ..layout import SpavaLayout, split_frames
+from ..methods import METHODS, layout_for
 from ..spava import simulate_spava_attention, spava_attention
 
 ATTN_NAME = "seqpar_approx"
-METHODS = ("spava", "ring", "star", "apb", "dense")
 
 
 @dataclass
@@ -238,34 +238,6 @@ def use_spava(
     h = Handle(undo)
     h.state = st
     return h
-
-
-def layout_for(
-    method: str, seq_len: int, *, query_len: int, num_hosts: int, config: SpavaConfig | None = None
-) -> tuple[SpavaLayout | None, SpavaConfig | None]:
-    """``(layout, config)`` of a method for one prompt (``config`` overrides spava's defaults)."""
-    from ..config import apb_config, star_config
-
-    if method == "dense":
-        return None, config
-    if method == "ring":
-        return ring_layout(seq_len, num_hosts=num_hosts), config or SpavaConfig(num_hosts=num_hosts)
-    if method == "star":
-        cfg = star_config(num_hosts, anchor_len=config.anchor_len if config else None)
-    elif method == "apb":
-        cfg = apb_config(
-            num_hosts,
-            anchor_len=config.anchor_len if config else None,
-            passing_len=config.passing_len if config else None,
-        )
-        cfg = resolve_apb(cfg, seq_len)
-    elif method == "spava":
-        cfg = config or SpavaConfig(num_hosts=num_hosts)
-    else:
-        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
-    if cfg.num_hosts != num_hosts:
-        raise ValueError(f"config.num_hosts={cfg.num_hosts} but the group has {num_hosts} ranks")
-    return build_layout(seq_len, query_len=query_len, config=cfg), cfg
 
 
 # ---- frame-parallel vision -----------------------------------------------------------------------

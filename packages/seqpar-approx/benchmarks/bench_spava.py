@@ -1,0 +1,438 @@
+"""Spava vs baselines: prefill time of a Qwen2.5-VL-7B-shaped language model over H GPUs.
+
+Run one command per host count (the lead's H200 machines), e.g.::
+
+    torchrun --nproc-per-node 2 packages/seqpar-approx/benchmarks/bench_spava.py --out bench_spava_h2.json
+    torchrun --nproc-per-node 4 packages/seqpar-approx/benchmarks/bench_spava.py --out bench_spava_h4.json
+
+Modes (``--modes``, default all three):
+
+* ``model``: 28-layer decoder with random bf16 weights (hidden 3584, H=28, H_KV=4, D=128, MLP
+  18944, RoPE), one prefill of the whole prompt (``--query-len`` text tokens at the end). Methods:
+  ``dense`` (1 GPU: rank 0 alone, the others wait), ``ring`` (exact ZigZag ring), ``star``,
+  ``apb`` (no ZigZag, l_p = n/64), ``spava``, and the ablations ``spava-no-zigzag``,
+  ``spava-no-overlap``, ``spava-no-fused`` (query rows projected in separate GEMMs).
+* ``attention``: one attention layer alone (same shapes), per method.
+* ``vision``: Qwen2.5-VL-7B's vision tower (random weights) on ``--frames`` frames: every rank
+  encodes all frames vs frame-parallel (Eq. 6 split + all-gather) — the ``frame_parallel`` ablation.
+
+Before timing, every method's distributed attention is checked at a small length against the
+single-process simulation (spava/star/apb) or dense attention (ring); the errors go in the JSON.
+Times are wall-clock per prefill, synchronised, TTFT = the slowest rank; median of ``--reps``.
+``--smoke`` runs tiny shapes on CPU under gloo (to check the script, not to time anything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from seqpar_approx import (
+    SpavaConfig,
+    layout_for,
+    simulate_spava_attention,
+    spava_attention,
+    zigzag_ring_attention,
+)
+from seqpar_approx.faults import init_distributed
+from sparse_kernels import attention
+
+MODEL_7B = dict(layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128, mlp=18944)
+MODEL_SMOKE = dict(layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32, mlp=256)
+METHODS = [
+    "dense",
+    "ring",
+    "star",
+    "apb",
+    "spava",
+    "spava-no-zigzag",
+    "spava-no-overlap",
+    "spava-no-fused",
+]
+
+
+def method_setup(name: str, n: int, nq: int, H: int):
+    """``(base method, layout, config, fused)`` of a benchmark method name."""
+    base, fused, cfg = name, True, None
+    if name.startswith("spava"):
+        base = "spava"
+        cfg = SpavaConfig(
+            num_hosts=H,
+            zigzag=name != "spava-no-zigzag",
+            overlap_comm=name != "spava-no-overlap",
+            fused_query=name != "spava-no-fused",
+        )
+        fused = cfg.fused_query
+    layout, cfg = layout_for(base, n, query_len=nq, num_hosts=H, config=cfg)
+    return base, layout, cfg, fused
+
+
+def attn_fn(base, layout, cfg):
+    if base == "dense":
+        return lambda q, k, v: attention(q, k, v, causal=True).out
+    if base == "ring":
+        return lambda q, k, v: zigzag_ring_attention(q, k, v, layout).out
+    return lambda q, k, v: spava_attention(q, k, v, layout, cfg).out
+
+
+# ---- a Qwen2-shaped decoder layer ---------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.weight
+
+
+class Layer(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        d, hd = m["hidden"], m["head_dim"]
+        self.m = m
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.q = nn.Linear(d, m["heads"] * hd, bias=True)
+        self.k = nn.Linear(d, m["kv_heads"] * hd, bias=True)
+        self.v = nn.Linear(d, m["kv_heads"] * hd, bias=True)
+        self.o = nn.Linear(m["heads"] * hd, d, bias=False)
+        self.gate = nn.Linear(d, m["mlp"], bias=False)
+        self.up = nn.Linear(d, m["mlp"], bias=False)
+        self.down = nn.Linear(m["mlp"], d, bias=False)
+
+
+def _linear(lin, x, split):
+    """One GEMM (fused) or two (context rows, then query rows: the unfused ablation)."""
+    if split is None:
+        return lin(x)
+    return torch.cat([lin(x[:-split]), lin(x[-split:])])
+
+
+def _rope(x, cos, sin):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def layer_forward(layer, h, cos, sin, attn, split, mlp_chunk=16384):
+    m = layer.m
+    S = h.shape[0]
+    x = layer.n1(h)
+    q = _linear(layer.q, x, split).view(S, m["heads"], m["head_dim"]).transpose(0, 1)[None]
+    k = _linear(layer.k, x, split).view(S, m["kv_heads"], m["head_dim"]).transpose(0, 1)[None]
+    v = _linear(layer.v, x, split).view(S, m["kv_heads"], m["head_dim"]).transpose(0, 1)[None]
+    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+    a = attn(q, k, v)[0].transpose(0, 1).reshape(S, -1)
+    h = h + _linear(layer.o, a, split)
+    x = layer.n2(h)
+    out = torch.empty_like(h)
+    # the MLP in row chunks bounds the [rows, 18944] intermediates; with split the query rows
+    # get their own GEMMs (unfused ablation)
+    bounds = list(range(0, S - (split or 0), mlp_chunk)) + [S - (split or 0)]
+    if split:
+        bounds.append(S)
+    for a0, a1 in zip(bounds[:-1], bounds[1:]):
+        xc = x[a0:a1]
+        out[a0:a1] = layer.down(F.silu(layer.gate(xc)) * layer.up(xc))
+    return h + out
+
+
+def rope_tables(pos, head_dim, device, dtype):
+    inv = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    f = pos.to(device).float()[:, None] * inv[None]
+    emb = torch.cat([f, f], dim=-1)
+    return emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
+
+
+# ---- timing --------------------------------------------------------------------------------------
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, *, device, warmup, reps, active=True):
+    """Per-rep times of ``fn`` on this rank, then the slowest rank per rep (TTFT)."""
+    for _ in range(warmup):
+        if active:
+            fn()
+    mine = []
+    for _ in range(reps):
+        sync(device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        if active:
+            fn()
+        sync(device)
+        mine.append(time.perf_counter() - t0 if active else 0.0)
+    t = torch.tensor(mine, dtype=torch.float64, device=device)
+    allt = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(allt, t)
+    per_rank = [x.tolist() for x in allt]
+    slowest = [max(r[i] for r in per_rank) for i in range(reps)]
+    return statistics.median(slowest), [statistics.median(r) for r in per_rank]
+
+
+# ---- modes ---------------------------------------------------------------------------------------
+
+
+def check_methods(args, m, device, dtype, rank, H):
+    """Distributed attention vs simulation / dense at a small length (bf16 on GPU)."""
+    n, nq = args.check_len, args.query_len
+    g = torch.Generator().manual_seed(0)
+    full = [
+        torch.randn(1, h, n, m["head_dim"], generator=g).to(device, dtype)
+        for h in (m["heads"], m["kv_heads"], m["kv_heads"])
+    ]
+    dense = attention(*full, causal=True)
+    res = []
+    for name in ("ring", "star", "apb", "spava", "spava-no-zigzag", "spava-no-overlap"):
+        base, layout, cfg, _ = method_setup(name, n, nq, H)
+        local = [layout.shard(t, rank, dim=2) for t in full]
+        got = attn_fn(base, layout, cfg)(*local)
+        ref = dense.out if base == "ring" else simulate_spava_attention(*full, layout, cfg).out
+        err = (got.float() - layout.shard(ref, rank, dim=2).float()).abs().max()
+        dist.all_reduce(err, op=dist.ReduceOp.MAX)
+        res.append({"method": name, "check_len": n, "max_abs_err": err.item()})
+    return res
+
+
+def bench_model(args, m, device, dtype, rank, H, n):
+    torch.manual_seed(0)
+    layers = nn.ModuleList(Layer(m) for _ in range(m["layers"]))
+    for p in layers.parameters():
+        nn.init.normal_(p, std=0.02) if p.ndim == 2 else nn.init.zeros_(p)
+    for layer in layers:
+        layer.n1.weight.data.fill_(1.0)
+        layer.n2.weight.data.fill_(1.0)
+    layers = layers.to(device=device, dtype=dtype)
+    g = torch.Generator().manual_seed(1)
+    emb = (torch.randn(n, m["hidden"], generator=g) * 0.5).to(device, dtype)
+    out = []
+    for name in args.methods:
+        if name == "dense" and not args.dense_ok(n):
+            continue
+        base, layout, cfg, fused = method_setup(name, n, args.query_len, H)
+        active = base != "dense" or rank == 0
+        if base == "dense":
+            h0, pos = emb, torch.arange(n)
+        else:
+            h0, pos = layout.shard(emb, rank, dim=0), layout.local_indices(rank)
+        cos, sin = rope_tables(pos, m["head_dim"], device, dtype)
+        attn = attn_fn(base, layout, cfg) if active else None
+        split = None if fused or base != "spava" else args.query_len
+
+        @torch.no_grad()
+        def run(h0=h0, cos=cos, sin=sin, attn=attn, split=split):
+            h = h0
+            for layer in layers:
+                h = layer_forward(layer, h, cos, sin, attn, split)
+            return h
+
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        ttft, per_rank = timed(
+            run, device=device, warmup=args.warmup, reps=args.reps, active=active
+        )
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+        out.append(
+            {
+                "mode": "model",
+                "method": name,
+                "seq_len": n,
+                "ttft_s": ttft,
+                "per_rank_s": per_rank,
+                "peak_mem_gib_rank": peak,
+                "layers": m["layers"],
+            }
+        )
+        if rank == 0:
+            print(
+                f"model n={n} {name:18s} ttft {ttft:.3f}s per rank {[round(x, 3) for x in per_rank]}",
+                flush=True,
+            )
+    return out
+
+
+def bench_attention(args, m, device, dtype, rank, H, n):
+    out = []
+    g = torch.Generator().manual_seed(2)
+    full = [
+        torch.randn(1, h, n, m["head_dim"], generator=g).to(device, dtype)
+        for h in (m["heads"], m["kv_heads"], m["kv_heads"])
+    ]
+    for name in args.methods:
+        if name == "spava-no-fused" or (name == "dense" and not args.dense_ok(n)):
+            continue
+        base, layout, cfg, _ = method_setup(name, n, args.query_len, H)
+        active = base != "dense" or rank == 0
+        local = full if base == "dense" else [layout.shard(t, rank, dim=2) for t in full]
+        fn = attn_fn(base, layout, cfg)
+        t, per_rank = timed(
+            lambda: fn(*local), device=device, warmup=args.warmup, reps=args.reps, active=active
+        )
+        out.append(
+            {"mode": "attention", "method": name, "seq_len": n, "time_s": t, "per_rank_s": per_rank}
+        )
+        if rank == 0:
+            print(f"attention n={n} {name:18s} {t * 1e3:.2f} ms", flush=True)
+    return out
+
+
+def bench_vision(args, device, dtype, rank, H):
+    import types
+
+    from seqpar_approx.integrations.hf import frame_parallel_visual
+    from transformers import Qwen2_5_VLConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+        Qwen2_5_VisionTransformerPretrainedModel,
+    )
+
+    if args.smoke:
+        vc = dict(
+            depth=2,
+            hidden_size=32,
+            num_heads=2,
+            intermediate_size=64,
+            out_hidden_size=64,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        )
+    else:  # Qwen2.5-VL-7B's vision tower
+        vc = dict(
+            depth=32,
+            hidden_size=1280,
+            num_heads=16,
+            intermediate_size=3420,
+            out_hidden_size=3584,
+            window_size=112,
+            fullatt_block_indexes=[7, 15, 23, 31],
+        )
+    cfg = Qwen2_5_VLConfig(
+        vision_config=dict(patch_size=14, spatial_merge_size=2, temporal_patch_size=2, **vc)
+    )
+    torch.manual_seed(0)
+    vis = (
+        Qwen2_5_VisionTransformerPretrainedModel._from_config(cfg.vision_config)
+        .to(device, dtype)
+        .eval()
+    )
+    t = args.frames // 2
+    hw = args.frame_patches
+    g = torch.Generator().manual_seed(3)
+    pix = torch.randn(t * hw * hw, 3 * 2 * 14 * 14, generator=g).to(device, dtype)
+    grid = torch.tensor([[t, hw, hw]], device=device)
+    holder = types.SimpleNamespace(model=types.SimpleNamespace(visual=vis))
+    out = []
+    for name, fp in (("all-frames-per-rank", False), ("frame-parallel", True)):
+        handle = frame_parallel_visual(holder, None) if fp else None
+
+        @torch.no_grad()
+        def run():
+            return vis(pix, grid_thw=grid)
+
+        tt, per_rank = timed(run, device=device, warmup=args.warmup, reps=args.reps)
+        if handle is not None:
+            handle.remove()
+        out.append(
+            {
+                "mode": "vision",
+                "method": name,
+                "frames": args.frames,
+                "patches_per_frame": hw * hw,
+                "time_s": tt,
+                "per_rank_s": per_rank,
+            }
+        )
+        if rank == 0:
+            print(f"vision {args.frames} frames {name:22s} {tt:.3f}s", flush=True)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seq-lens", default="65536,131072,262144")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--modes", default="model,attention,vision")
+    p.add_argument("--layers", type=int, default=None, help="override the 28 layers (quicker runs)")
+    p.add_argument("--query-len", type=int, default=128)
+    p.add_argument("--check-len", type=int, default=8192)
+    p.add_argument("--max-dense-len", type=int, default=262144, help="skip 1-GPU dense above this")
+    p.add_argument("--frames", type=int, default=64)
+    p.add_argument("--frame-patches", type=int, default=36, help="patches per frame side (504 px)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out", default="bench_spava.json")
+    p.add_argument("--smoke", action="store_true", help="tiny CPU/gloo run to test the script")
+    args = p.parse_args(argv)
+    args.methods = [s for s in args.methods.split(",") if s]
+    bad = [s for s in args.methods if s not in METHODS]
+    if bad:
+        p.error(f"--methods: unknown {bad}, expected a subset of {METHODS}")
+    args.dense_ok = lambda n: n <= args.max_dense_len
+    rank, H = init_distributed(timeout_s=1800)
+    if not dist.is_initialized():
+        p.error("run under torchrun (e.g. torchrun --nproc-per-node 2 bench_spava.py)")
+    device = torch.device(
+        f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    )
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    m = dict(MODEL_SMOKE if args.smoke else MODEL_7B)
+    if args.layers:
+        m["layers"] = args.layers
+    if args.smoke:
+        args.check_len = min(args.check_len, 512)
+    lens = [int(s) for s in args.seq_lens.split(",")]
+    from sparse_kernels.benchmarking import env_info
+
+    report = {
+        "env": env_info(),
+        "world_size": H,
+        "model": m,
+        "dtype": str(dtype),
+        "query_len": args.query_len,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "results": [],
+    }
+    report["checks"] = check_methods(args, m, device, dtype, rank, H)
+    if rank == 0:
+        print("checks:", report["checks"], flush=True)
+    modes = args.modes.split(",")
+    for n in lens:
+        if "attention" in modes:
+            report["results"] += bench_attention(args, m, device, dtype, rank, H, n)
+        if "model" in modes:
+            report["results"] += bench_model(args, m, device, dtype, rank, H, n)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if "vision" in modes:
+        report["results"] += bench_vision(args, device, dtype, rank, H)
+    # speedups against the 1-GPU dense prefill of the same run
+    dense = {
+        (r["mode"], r["seq_len"]): r.get("ttft_s", r.get("time_s"))
+        for r in report["results"]
+        if r["method"] == "dense"
+    }
+    for r in report["results"]:
+        base = dense.get((r["mode"], r.get("seq_len")))
+        if base:
+            r["speedup_vs_dense"] = base / r.get("ttft_s", r.get("time_s"))
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {os.path.abspath(args.out)}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -278,7 +278,11 @@ def bench_attention(args, m, device, dtype, rank, H, n):
         local = full if base == "dense" else [layout.shard(t, rank, dim=2) for t in full]
         fn = attn_fn(base, layout, cfg)
         t, per_rank = timed(
-            lambda: fn(*local), device=device, warmup=args.warmup, reps=args.reps, active=active
+            lambda fn=fn, local=local: fn(*local),
+            device=device,
+            warmup=args.warmup,
+            reps=args.reps,
+            active=active,
         )
         out.append(
             {"mode": "attention", "method": name, "seq_len": n, "time_s": t, "per_rank_s": per_rank}

@@ -1,0 +1,164 @@
+"""Online estimation steps (each small, named and testable on its own).
+
+Pipeline of a dynamic head: :func:`approx_scores` (softmax of the last ``last_q`` queries against
+all keys, causal) -> :func:`vertical_scores` / :func:`slash_scores` / :func:`pooled_block_scores`
+-> :func:`topk_indices` or :func:`search_grid` (stride and phase) -> forced entries (sink
+columns, local diagonals, diagonal blocks) -> block lists (:mod:`sparse_patterns.plan`).
+
+All functions work on every head at once (leading dims ``[B, H]``); no per-head Python loop.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def approx_scores(
+    q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, *, scale: float
+) -> torch.Tensor:
+    """Approximate attention ``softmax(q[rows] k^T * scale)`` with the causal mask, float32.
+
+    Args:
+        q: ``[B, H, S, D]``; k: ``[B, H_KV, S, D]`` (GQA handled by grouping, K is not repeated).
+        rows: int64 ``[L]`` or ``[M, L]`` query positions (e.g. the last ``last_q`` tokens, or
+            the last ``last_q`` tokens of each of ``M`` modalities).
+    Returns:
+        ``[B, H, L, S]`` or ``[B, H, M, L, S]``; row ``l`` is the distribution of query
+        ``rows[l]`` over keys ``j <= rows[l]``.
+    """
+    B, H, _, D = q.shape
+    H_KV, S = k.shape[1], k.shape[2]
+    G = H // H_KV
+    flat = rows.reshape(-1)
+    qs = q[:, :, flat].float().reshape(B, H_KV, G, flat.numel(), D)
+    s = torch.matmul(qs, k.float()[:, :, None].transpose(-1, -2)) * scale
+    s = s.reshape(B, H, flat.numel(), S)
+    j = torch.arange(S, device=q.device)
+    s = s.masked_fill(j[None, :] > flat[:, None], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return p.reshape(B, H, *rows.shape, S)
+
+
+def vertical_scores(p: torch.Tensor) -> torch.Tensor:
+    """Mass per key column: sum over the approximate query rows. ``[..., L, S] -> [..., S]``."""
+    return p.sum(dim=-2)
+
+
+def slash_scores(p: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Mass per diagonal offset ``o = i - j`` (``o >= 0``). ``[..., L, S] -> [..., S]``.
+
+    ``rows``: the query positions of ``p``'s rows (``[L]``, or ``[M, L]`` matching ``p``).
+    """
+    S = p.shape[-1]
+    j = torch.arange(S, device=p.device)
+    off = rows[..., None] - j  # [(M,) L, S]
+    valid = off >= 0
+    idx = off.clamp_min(0).expand(p.shape)
+    src = torch.where(valid, p, torch.zeros((), dtype=p.dtype, device=p.device))
+    out = torch.zeros(*p.shape[:-2], S, dtype=p.dtype, device=p.device)
+    return out.scatter_add_(-1, idx.flatten(-2), src.flatten(-2))
+
+
+def topk_indices(scores: torch.Tensor, k: int, *, forced: int = 0) -> torch.Tensor:
+    """Indices of the ``k`` largest entries along the last dim, the first ``forced`` always
+    included (set to +inf first); sorted ascending, int64. ``k`` is clipped to the length."""
+    n = scores.shape[-1]
+    k = max(0, min(k, n))
+    s = scores.clone()
+    if forced > 0:
+        s[..., : min(forced, n)] = float("inf")
+    idx = torch.topk(s, k, dim=-1, sorted=False).indices
+    return torch.sort(idx, dim=-1).values
+
+
+def stride_space(tokens_per_frame: int | None, *, max_stride: int, S: int) -> list[int]:
+    """Grid strides to try: tokens per frame and its divisors (>= 2), capped at ``max_stride``
+    and at ``S // 4`` (a stride needs a few periods to be seen). Without a frame size: every
+    stride 2..min(max_stride, 256, S // 4)."""
+    cap = min(max_stride, max(2, S // 4))
+    if tokens_per_frame is None:
+        return list(range(2, min(cap, 256) + 1))
+    t = tokens_per_frame
+    return [d for d in range(2, t + 1) if t % d == 0 and d <= cap]
+
+
+def _line_ratio(x: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """View ``x [N, S]`` as ``[N, n, s]`` (skipping the first period: sink / self-attention mass
+    sits there for every stride) and return (best class mean / mean, argmax class)."""
+    n = (x.shape[-1] - s) // s
+    v = x[..., s : s + n * s].reshape(*x.shape[:-1], n, s).mean(dim=-2)
+    mean = v.mean(dim=-1).clamp_min(1e-30)
+    best, arg = v.max(dim=-1)
+    return best / mean, arg
+
+
+def search_grid(
+    p: torch.Tensor,
+    rows: torch.Tensor,
+    strides: list[int],
+    *,
+    rel_tol: float = 0.05,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Algorithm 1: the grid stride and phase of every head from a view of the approximate scores.
+
+    For each candidate stride ``s`` (ascending) the column mass (vertical lines) and the
+    diagonal mass (slash lines) are viewed as ``[n, s]``; the score of ``s`` is the larger
+    concentration ratio (best class mean / mean over classes). A larger stride replaces the
+    current one only if its score is higher by more than ``rel_tol`` (a multiple of the true
+    stride scores the same as the stride itself). Phase = argmax class of the column view.
+
+    Args:
+        p: ``[B, H, L, S]`` approximate scores; rows: ``[L]`` their query positions.
+    Returns:
+        ``(stride, phase, score)``, each ``[B, H]`` (int64, int64, float32).
+    """
+    if not strides:
+        raise ValueError("search_grid: expected a non-empty stride space, got []")
+    col = vertical_scores(p)
+    sl = slash_scores(p, rows)
+    lead = col.shape[:-1]
+    best = torch.full(lead, -1.0, device=p.device)
+    stride = torch.full(lead, strides[0], dtype=torch.int64, device=p.device)
+    phase = torch.zeros(lead, dtype=torch.int64, device=p.device)
+    for s in sorted(strides):
+        if (col.shape[-1] - s) // s < 1:
+            continue
+        rv, arg = _line_ratio(col, s)
+        rs, _ = _line_ratio(sl, s)
+        score = torch.maximum(rv, rs)
+        take = score > best * (1.0 + rel_tol)
+        best = torch.where(take, score, best)
+        stride = torch.where(take, torch.full_like(stride, s), stride)
+        phase = torch.where(take, arg, phase)
+    return stride, phase, best
+
+
+def pool_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Mean of each block of ``block`` rows: ``[B, H, S, D] -> [B, H, ceil(S / block), D]``, float32."""
+    B, H, S, D = x.shape
+    nb = -(-S // block)
+    pad = nb * block - S
+    xf = torch.nn.functional.pad(x.float(), (0, 0, 0, pad))
+    cnt = torch.full((nb,), float(block), device=x.device)
+    cnt[-1] = block - pad
+    return xf.reshape(B, H, nb, block, D).sum(-2) / cnt[:, None]
+
+
+def pooled_block_scores(
+    pq: torch.Tensor, pk: torch.Tensor, *, scale: float, m0: int = 0
+) -> torch.Tensor:
+    """Block-level approximate attention from pooled blocks (:func:`pool_blocks`), causal at
+    block level (query block ``m0 + m`` sees key blocks ``<= m0 + m``), softmax over key blocks.
+
+    ``pq``: ``[B, H, C, D]`` pooled query blocks ``m0 .. m0 + C``; ``pk``: ``[B, H_KV, NKB, D]``.
+    Returns ``[B, H, C, NKB]`` float32.
+    """
+    B, H, C, D = pq.shape
+    H_KV, nb = pk.shape[1], pk.shape[2]
+    G = H // H_KV
+    s = torch.matmul(pq.reshape(B, H_KV, G, C, D), pk[:, :, None].transpose(-1, -2))
+    s = s.reshape(B, H, C, nb) * scale
+    m = torch.arange(m0, m0 + C, device=pq.device)[:, None]
+    n = torch.arange(nb, device=pq.device)[None, :]
+    s = s.masked_fill(n > m, float("-inf"))
+    return torch.softmax(s, dim=-1)

@@ -1,0 +1,513 @@
+"""The per-layer entry: plan every head (estimation batched per pattern type), then one launch.
+
+``plan_layer(q, k, head_configs, layout)`` groups heads by (pattern type, boundary type), runs
+each group's estimation pipeline for all of its heads at once (no per-head Python loop) and
+merges the groups into ONE :class:`~sparse_patterns.plan.BlockPlan` over all heads (identity
+permutations for heads that need none). ``mminference_attention`` executes it with ONE launch of
+``sparse_kernels.permuted_block_sparse_attention`` for the whole layer (the kernel takes per-head
+block lists and per-head permutations, so grouping by pattern type costs no extra launches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from sparse_kernels import AttentionOutput
+from sparse_kernels.permuted import grid_permutation
+from sparse_kernels.permuted.perms import grid_line_offsets
+
+from . import estimate as E
+from .layout import as_token_layout
+from .patterns import (
+    AShape,
+    BlockSparse,
+    Dense,
+    Grid,
+    HeadConfig,
+    KBoundary,
+    NoBoundary,
+    SFFixed,
+    SFStrided,
+    TriShape,
+    VerticalSlash,
+)
+from .plan import (
+    BlockPlan,
+    element_block_mask,
+    grid_block_mask,
+    lists_from_chunks,
+    lists_from_element_chunks,
+    static_block_mask,
+    vertical_slash_block_mask,
+)
+
+_STATIC = {
+    Dense: "dense",
+    AShape: "a_shape",
+    TriShape: "tri_shape",
+    SFFixed: "sf_fixed",
+    SFStrided: "sf_strided",
+}
+_STATIC_FIELDS = {
+    "dense": (),
+    "a_shape": ("sink", "window"),
+    "tri_shape": ("sink", "window", "last"),
+    "sf_fixed": ("local", "vline_stride"),
+    "sf_strided": ("local", "vline_stride"),
+}
+
+
+def normalize_head_configs(head_config, H: int) -> list[HeadConfig]:
+    """A single HeadConfig / pattern (all heads) or a sequence of H of them -> list of H."""
+    if isinstance(head_config, HeadConfig):
+        return [head_config] * H
+    if not isinstance(head_config, Sequence) or isinstance(head_config, (str, bytes)):
+        try:
+            return [HeadConfig(head_config)] * H
+        except TypeError:
+            raise TypeError(
+                f"head_config: expected a HeadConfig, a pattern spec or a sequence of {H} "
+                f"HeadConfig, got {type(head_config).__name__}"
+            ) from None
+    if len(head_config) != H:
+        raise ValueError(
+            f"head_config: expected {H} entries (one per query head), got {len(head_config)}"
+        )
+    out = []
+    for h, c in enumerate(head_config):
+        if not isinstance(c, HeadConfig):
+            raise TypeError(f"head_config[{h}]: expected a HeadConfig, got {type(c).__name__}")
+        out.append(c)
+    return out
+
+
+def _per_head(cfgs: list, B: int, field: str, dev, base: str = "pattern") -> torch.Tensor:
+    vals = [getattr(getattr(c, base), field) for c in cfgs]
+    return torch.tensor(vals, device=dev, dtype=torch.int64).repeat(
+        B
+    )  # [(B, Hg)] flattened b-major
+
+
+def _topk_per_head(scores: torch.Tensor, k: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
+    """``scores [N, ..., S]``, ``k``/``forced`` ``[N]``: top ``k[n]`` indices with the first
+    ``forced[n]`` positions always in; int64 ``[N, ..., kmax]`` with -1 past ``k[n]``."""
+    S = scores.shape[-1]
+    shape = (-1,) + (1,) * (scores.ndim - 1)
+    s = scores.masked_fill(
+        torch.arange(S, device=scores.device) < forced.reshape(shape), float("inf")
+    )
+    kmax = int(min(S, int(k.max()) if k.numel() else 0))
+    if kmax == 0:
+        return torch.full((*scores.shape[:-1], 1), -1, dtype=torch.int64, device=scores.device)
+    vals, idx = torch.topk(s, kmax, dim=-1, sorted=True)
+    keep = (torch.arange(kmax, device=s.device) < k.reshape(shape)) & (vals > float("-inf"))
+    return torch.where(keep, idx, -1)
+
+
+def _last_rows(S: int, L: int, dev) -> torch.Tensor:
+    return torch.arange(max(0, S - L), S, device=dev)
+
+
+def _modality_rows(mod: torch.Tensor, uniq: torch.Tensor, L: int) -> torch.Tensor:
+    """``[M, L]``: the last ``L`` positions of each modality (repeating its first position when
+    it has fewer tokens)."""
+    rows = []
+    for m in uniq.tolist():
+        pos = torch.nonzero(mod == m).flatten()[-L:]
+        if pos.numel() < L:
+            pos = torch.cat([pos[:1].expand(L - pos.numel()), pos])
+        rows.append(pos)
+    return torch.stack(rows)
+
+
+class _Ctx:
+    """Per-layer shared tensors, computed lazily once for all heads that need them."""
+
+    def __init__(self, q, k, layout, block, scale):
+        self.q, self.k, self.block, self.scale = q, k, block, scale
+        self.B, self.H, self.S, _ = q.shape
+        self.layout = layout
+        self._p_last: dict[int, torch.Tensor] = {}
+        self._p_mod: dict[int, torch.Tensor] = {}
+        self.mod = layout.modality
+        self.uniq = torch.unique(self.mod)
+        self.mperm = torch.sort(self.mod, stable=True).indices  # modality order
+        self.mod_index = torch.searchsorted(self.uniq, self.mod)  # [S] in 0..M-1
+
+    def p_last(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = _last_rows(self.S, L, self.q.device)
+        if L not in self._p_last:
+            self._p_last[L] = E.approx_scores(self.q, self.k, rows, scale=self.scale)
+        return self._p_last[L], rows
+
+    def p_mod(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = _modality_rows(self.mod, self.uniq, L)
+        if L not in self._p_mod:
+            self._p_mod[L] = E.approx_scores(self.q, self.k, rows, scale=self.scale)
+        return self._p_mod[L], rows
+
+    def sel(self, t: torch.Tensor, hs: list[int]) -> torch.Tensor:
+        """``[B, H, ...] -> [B * len(hs), ...]`` (b-major)."""
+        return t[:, hs].reshape(-1, *t.shape[2:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Group planners: return (indices [N, NQB, MAXB], counts [N, NQB], q_perm [N,S]|None,
+# kv_perm [N,S]|None, meta)
+
+
+def _plan_static(ctx: _Ctx, cfgs, kind) -> tuple:
+    N = ctx.B * len(cfgs)
+    params = {f: _per_head(cfgs, ctx.B, f, ctx.q.device) for f in _STATIC_FIELDS[kind]}
+    if not params:
+        params = {"n": torch.zeros(N, dtype=torch.int64, device=ctx.q.device)}
+    nb = -(-ctx.S // ctx.block)
+    idx, cnt = lists_from_chunks(
+        static_block_mask(kind, params, ctx.S, ctx.block), N, nb, nb, ctx.q.device
+    )
+    return idx, cnt, None, None, {}
+
+
+def _vs_indices(p: torch.Tensor, rows: torch.Tensor, cfgs, B: int):
+    dev = p.device
+    nv, ns = _per_head(cfgs, B, "n_vertical", dev), _per_head(cfgs, B, "n_slash", dev)
+    sink, local = _per_head(cfgs, B, "sink", dev), _per_head(cfgs, B, "local", dev)
+    vert = _topk_per_head(E.vertical_scores(p), nv, torch.minimum(sink, nv))
+    sl = _topk_per_head(E.slash_scores(p, rows), ns, torch.minimum(local, ns))
+    return vert, sl
+
+
+def _plan_vs(ctx: _Ctx, hs, cfgs) -> tuple:
+    L = max(c.pattern.last_q for c in cfgs)
+    p_all, rows = ctx.p_last(L)
+    vert, sl = _vs_indices(ctx.sel(p_all, hs), rows, cfgs, ctx.B)
+    N, nb = vert.shape[0], -(-ctx.S // ctx.block)
+    idx, cnt = lists_from_chunks(
+        vertical_slash_block_mask(vert, sl, ctx.S, ctx.block), N, nb, nb, ctx.q.device
+    )
+    return idx, cnt, None, None, {"vertical": vert, "slash": sl}
+
+
+def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
+    dev = ctx.q.device
+    L = max(c.pattern.last_q for c in cfgs)
+    p_all, rows = ctx.p_last(L)
+    p = ctx.sel(p_all, hs)  # [N, L, S]
+    N = p.shape[0]
+    stride = torch.zeros(N, dtype=torch.int64, device=dev)
+    phase = torch.zeros(N, dtype=torch.int64, device=dev)
+    # Heads sharing a stride space are searched together (a loop over distinct spaces, not heads).
+    spaces: dict[tuple[int, ...], list[int]] = {}
+    for n in range(N):
+        c = cfgs[n % len(cfgs)].pattern
+        sp = (
+            (c.stride,)
+            if c.stride is not None
+            else tuple(
+                E.stride_space(ctx.layout.tokens_per_frame, max_stride=c.max_stride, S=ctx.S)
+            )
+        )
+        spaces.setdefault(sp, []).append(n)
+    for sp, ns in spaces.items():
+        sel = torch.tensor(ns, device=dev)
+        if len(sp) == 1:
+            s = sp[0]
+            col = E.vertical_scores(p[sel])
+            n_per = max(1, (ctx.S - s) // s)
+            v = (
+                col[..., s : s + n_per * s].reshape(len(ns), n_per, s).mean(-2)
+                if 2 * s <= ctx.S
+                else col[..., :s]
+            )
+            st, ph = torch.full((len(ns),), s, device=dev), v.argmax(-1)
+        else:
+            st, ph, _ = E.search_grid(p[sel], rows, list(sp))
+        stride[sel], phase[sel] = st, ph
+    perm, _ = grid_permutation(ctx.S, stride, phase, device=dev)
+    offs = grid_line_offsets(ctx.S, stride, phase, device=dev)
+    flags = [
+        torch.tensor([getattr(cfgs[n % len(cfgs)].pattern, f) for n in range(N)], device=dev)
+        for f in ("use_hline", "use_vline", "use_slash")
+    ]
+    nb = -(-ctx.S // ctx.block)
+    fn = grid_block_mask(perm, offs, *flags, ctx.S, ctx.block)
+    idx, cnt = lists_from_chunks(fn, N, nb, nb, dev)
+    return idx, cnt, perm, perm, {"stride": stride, "phase": phase}
+
+
+def _plan_block_sparse(ctx: _Ctx, hs, cfgs) -> tuple:
+    dev = ctx.q.device
+    for c in cfgs:
+        if c.pattern.block != ctx.block:
+            raise NotImplementedError(
+                f"BlockSparse.block={c.pattern.block} differs from the layer's block={ctx.block}; "
+                f"one block size per layer is supported"
+            )
+    pq = E.pool_blocks(ctx.q[:, hs], ctx.block)
+    H_KV = ctx.k.shape[1]
+    G = ctx.H // H_KV
+    pk = E.pool_blocks(ctx.k, ctx.block)[:, [h // G for h in hs]]
+    nb = pq.shape[2]
+    B, Hg = ctx.B, len(hs)
+    topk = torch.tensor([c.pattern.top_k or 0 for c in cfgs], device=dev).repeat(B)
+    ratio = torch.tensor([c.pattern.ratio or 0.0 for c in cfgs], device=dev).repeat(B)
+
+    def fn(m0: int, m1: int) -> torch.Tensor:
+        s = E.pooled_block_scores(pq[:, :, m0:m1], pk, scale=ctx.scale, m0=m0)  # [B, Hg, C, NKB]
+        s = s.reshape(B * Hg, m1 - m0, nb)
+        m = torch.arange(m0, m1, device=dev)
+        n = torch.arange(nb, device=dev)
+        s = s.masked_fill((n[None, None] == 0) | (n[None, None] == m[None, :, None]), float("inf"))
+        kk = torch.where(
+            topk[:, None] > 0, topk[:, None], torch.ceil(ratio[:, None] * (m[None] + 1)).long()
+        )
+        kk = torch.minimum(kk.clamp_min(1), m[None] + 1)
+        kmax = int(kk.max())
+        vals, idx = torch.topk(s, min(kmax, nb), dim=-1)
+        keep = (torch.arange(idx.shape[-1], device=dev) < kk[..., None]) & (vals > float("-inf"))
+        out = torch.zeros(B * Hg, m1 - m0, nb + 1, dtype=torch.bool, device=dev)
+        out.scatter_(-1, torch.where(keep, idx, nb), True)
+        return out[..., :nb]
+
+    idx, cnt = lists_from_chunks(fn, B * Hg, nb, nb, dev)
+    return idx, cnt, None, None, {}
+
+
+def _static_element(
+    kind: str, params: dict, i: torch.Tensor, j: torch.Tensor, S: int
+) -> torch.Tensor:
+    """Element mask of a static pattern (no causal), ``i`` ``[1 or N, R, 1]``, ``j`` ``[.., S]``."""
+    d = i - j
+    if kind == "dense":
+        return torch.ones_like(d, dtype=torch.bool)
+    if kind in ("a_shape", "tri_shape"):
+        m = (j < _c(params["sink"])) | (d < _c(params["window"]))
+        if kind == "tri_shape":
+            m = m | (i >= S - _c(params["last"]))
+        return m
+    L, vs = _c(params["local"]), _c(params["vline_stride"])
+    if kind == "sf_fixed":
+        return (i // L == j // L) | (torch.remainder(j, vs) == vs - 1)
+    return (d < L) | (torch.remainder(d, vs) == 0)
+
+
+def _c(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, 1, 1)
+
+
+def _scatter_true(mask: torch.Tensor, idx: torch.Tensor, ok: torch.Tensor) -> None:
+    S = mask.shape[-1]
+    trash = torch.zeros(*mask.shape[:-1], 1, dtype=torch.bool, device=mask.device)
+    full = torch.cat([mask, trash], dim=-1)
+    full.scatter_(-1, torch.where(ok, idx, S).expand(*mask.shape[:-1], -1), True)
+    mask.copy_(full[..., :S])
+
+
+def _plan_boundary(ctx: _Ctx, hs, cfgs, two_d: bool) -> tuple:
+    dev, S, B = ctx.q.device, ctx.S, ctx.B
+    pat = cfgs[0].pattern
+    kind = _STATIC.get(type(pat))
+    if kind is None and not isinstance(pat, VerticalSlash):
+        which = "2D-Boundary" if two_d else "Q-Boundary"
+        raise NotImplementedError(
+            f"{which} with a {type(pat).__name__} intra-modality pattern is not implemented "
+            f"(supported: VerticalSlash, Dense, AShape, TriShape, SFFixed, SFStrided)"
+        )
+    N = B * len(hs)
+    M = ctx.uniq.numel()
+    mi = ctx.mod_index
+    # Rank of each token inside its modality (the coordinates of 2D diagonal pairs).
+    counts = torch.bincount(mi, minlength=M)
+    start = torch.cumsum(counts, 0) - counts
+    inv_m = torch.empty_like(ctx.mperm)
+    inv_m[ctx.mperm] = torch.arange(S, device=dev)
+    rank = inv_m - start[mi]
+    L = max(getattr(c.pattern, "last_q", 64) for c in cfgs)
+    need_est = isinstance(pat, VerticalSlash) or two_d
+    vert = sl = cross = None
+    if need_est:
+        p_all, rows = ctx.p_mod(L)  # [B, H, M, L, S], rows [M, L]
+        p = ctx.sel(p_all, hs)  # [N, M, L, S]
+    if isinstance(pat, VerticalSlash):
+        if not two_d:
+            vert, sl = _vs_indices_m(p, rows, cfgs, B)
+        else:
+            vl, sll = [], []
+            for a in range(M):
+                cols = ctx.mperm[start[a] : start[a] + counts[a]]
+                pa = p[:, a][..., cols]  # [N, L, n_a] keys of modality a in rank order
+                v, s_ = _vs_indices(pa, rank[rows[a]], cfgs, B)
+                vl.append(torch.where(v >= 0, cols[v.clamp_min(0)], -1))
+                sll.append(s_)
+            w = max(x.shape[-1] for x in vl)
+            vert = torch.stack(
+                [torch.nn.functional.pad(x, (0, w - x.shape[-1]), value=-1) for x in vl], 1
+            )
+            w = max(x.shape[-1] for x in sll)
+            sl = torch.stack(
+                [torch.nn.functional.pad(x, (0, w - x.shape[-1]), value=-1) for x in sll], 1
+            )
+    if two_d:
+        cv = _per_head(cfgs, B, "cross_vertical", dev, base="boundary")
+        col = E.vertical_scores(p)  # [N, M, S]
+        parts = []
+        for b in range(M):
+            cb = col.masked_fill((mi != b)[None, None], float("-inf"))
+            t = _topk_per_head(cb, cv, torch.zeros_like(cv))  # [N, M, k]
+            a_eq_b = (torch.arange(M, device=dev) == b)[None, :, None]
+            parts.append(torch.where(a_eq_b, -1, t))
+        cross = torch.cat(parts, dim=-1)  # [N, M(a), M * k]
+    params = {f: _per_head(cfgs, B, f, dev) for f in _STATIC_FIELDS.get(kind, ())}
+
+    def row_fn(r: torch.Tensor) -> torch.Tensor:
+        R = r.numel()
+        i = r[None, :, None]
+        j = torch.arange(S, device=dev)[None, None, :]
+        causal = j <= i
+        a = mi[r]
+        if kind is not None:
+            if two_d:
+                same = mi[None, None, :] == a[None, :, None]
+                em = (
+                    _static_element(kind, params, rank[r][None, :, None], rank[None, None, :], S)
+                    & same
+                )
+            else:
+                em = _static_element(kind, params, i, j, S)
+            em = em.expand(N, R, S).clone()
+        else:
+            em = torch.zeros(N, R, S, dtype=torch.bool, device=dev)
+            v = vert[:, a]  # [N, R, NV]
+            _scatter_true(em, v.clamp_min(0), v >= 0)
+            o = sl[:, a]  # [N, R, NS]
+            if two_d:
+                rr = rank[r][None, :, None] - o
+                ok = (o >= 0) & (rr >= 0)
+                jj = ctx.mperm[(start[a][None, :, None] + rr.clamp_min(0)).clamp(max=S - 1)]
+            else:
+                jj = i - o
+                ok = (o >= 0) & (jj >= 0)
+            _scatter_true(em, jj.clamp_min(0), ok)
+        if cross is not None:
+            c = cross[:, a]
+            _scatter_true(em, c.clamp_min(0), c >= 0)
+        return em & causal
+
+    q_perm = ctx.mperm.to(torch.int32)
+    kv_perm = q_perm if two_d else None
+    fn = element_block_mask(row_fn, q_perm, kv_perm, N, S, ctx.block)
+    idx, cnt = lists_from_element_chunks(fn, N, S, ctx.block, dev)
+    qp = q_perm.expand(N, S)
+    return idx, cnt, qp, (qp if two_d else None), {}
+
+
+def _vs_indices_m(p: torch.Tensor, rows: torch.Tensor, cfgs, B: int):
+    """Per-modality VS indices: ``p [N, M, L, S]`` -> vertical ``[N, M, NV]``, slash ``[N, M, NS]``."""
+    return _vs_indices(p, rows, cfgs, B)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def plan_layer(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    head_config,
+    layout=None,
+    *,
+    block: int = 64,
+    scale: float | None = None,
+) -> BlockPlan:
+    """Estimate every head's sparse index and return one :class:`BlockPlan` for the layer.
+
+    Args:
+        q: ``[B, H, S, D]``; k: ``[B, H_KV, S, D]`` (prefill: ``S_Q == S_KV``).
+        head_config: one :class:`HeadConfig` (or pattern spec) for all heads, or H of them.
+        layout: None (all text), a :class:`~sparse_patterns.layout.TokenLayout` or a
+            ``modality_index.ModalityLayout``-like object (same layout for every batch row).
+        block: block size of the plan (block_m = block_n).
+    """
+    from sparse_kernels._validate import check_scale
+
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+        raise TypeError(f"q, k: expected torch.Tensors, got {type(q).__name__}, {type(k).__name__}")
+    if q.ndim != 4 or k.ndim != 4:
+        raise ValueError(
+            f"q, k: expected 4-D [B, H, S, D], got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    B, H, S, D = q.shape
+    if k.shape[2] != S:
+        raise NotImplementedError(
+            f"plan_layer: prefill only (S_Q == S_KV), got S_Q={S}, S_KV={k.shape[2]}"
+        )
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block: expected an int >= 1, got {block!r}")
+    scale = check_scale(scale, D)
+    cfgs = normalize_head_configs(head_config, H)
+    lay = as_token_layout(layout, S, q.device)
+    ctx = _Ctx(q, k, lay, block, scale)
+    groups: dict[tuple, list[int]] = {}
+    for h, c in enumerate(cfgs):
+        bkind = "none" if isinstance(c.boundary, (NoBoundary, KBoundary)) else c.boundary.kind
+        groups.setdefault((type(c.pattern), bkind), []).append(h)
+    nb = -(-S // block)
+    results = []
+    for (ptype, bkind), hs in groups.items():
+        gc = [cfgs[h] for h in hs]
+        if bkind in ("q", "2d"):
+            res = _plan_boundary(ctx, hs, gc, two_d=bkind == "2d")
+        elif ptype in _STATIC:
+            res = _plan_static(ctx, gc, _STATIC[ptype])
+        elif ptype is VerticalSlash:
+            res = _plan_vs(ctx, hs, gc)
+        elif ptype is Grid:
+            res = _plan_grid(ctx, hs, gc)
+        elif ptype is BlockSparse:
+            res = _plan_block_sparse(ctx, hs, gc)
+        else:  # pragma: no cover - HeadConfig validates the type
+            raise NotImplementedError(f"pattern {ptype.__name__}")
+        results.append((hs, res))
+    maxb = max(r[0].shape[-1] for _, r in results)
+    dev = q.device
+    idx = torch.zeros(B, H, nb, maxb, dtype=torch.int32, device=dev)
+    cnt = torch.zeros(B, H, nb, dtype=torch.int32, device=dev)
+    any_q = any(r[2] is not None for _, r in results)
+    any_k = any(r[3] is not None for _, r in results)
+    ident = torch.arange(S, device=dev, dtype=torch.int32)
+    q_perm = ident.expand(B, H, S).clone() if any_q else None
+    kv_perm = ident.expand(B, H, S).clone() if any_k else None
+    stride = torch.full((B, H), -1, dtype=torch.int64, device=dev)
+    phase = torch.full((B, H), -1, dtype=torch.int64, device=dev)
+    for hs, (i, c, qp, kp, meta) in results:
+        Hg = len(hs)
+        idx[:, hs, :, : i.shape[-1]] = i.reshape(B, Hg, nb, -1)
+        cnt[:, hs] = c.reshape(B, Hg, nb)
+        if qp is not None:
+            q_perm[:, hs] = qp.reshape(B, Hg, S).to(torch.int32)
+        if kp is not None:
+            kv_perm[:, hs] = kp.reshape(B, Hg, S).to(torch.int32)
+        if "stride" in meta:
+            stride[:, hs] = meta["stride"].reshape(B, Hg)
+            phase[:, hs] = meta["phase"].reshape(B, Hg)
+    return BlockPlan(idx, cnt, q_perm, kv_perm, block, S, {"stride": stride, "phase": phase})
+
+
+def mminference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    head_config,
+    layout=None,
+    *,
+    block: int = 64,
+    scale: float | None = None,
+    impl: str = "auto",
+) -> AttentionOutput:
+    """MMInference attention of one layer: :func:`plan_layer`, then one kernel launch.
+
+    ``impl`` is passed to ``sparse_kernels.permuted_block_sparse_attention`` (``"auto"``:
+    Triton on CUDA, the exact PyTorch reference elsewhere).
+    """
+    plan = plan_layer(q, k, head_config, layout, block=block, scale=scale)
+    return plan.run(q, k, v, scale=scale, impl=impl)

@@ -1,0 +1,317 @@
+"""Block plans: what the permuted block-sparse kernel consumes, built for every head at once.
+
+A :class:`BlockPlan` holds, for ``[B, H]`` heads, the kernel inputs of
+``sparse_kernels.permuted_block_sparse_attention``: per PERMUTED query block the listed PERMUTED
+key blocks, and the row / column permutations (None = original order). Executed semantics
+(the kernel's): permuted row ``r`` (original ``q_perm[r]``) attends permuted column ``c``
+(original ``kv_perm[c]``) iff block ``(r // block, c // block)`` is listed and
+``kv_perm[c] <= q_perm[r]`` (causal on original positions). The element masks of the pattern
+specs are rounded UP to these blocks: the executed set is a superset of the pattern's set.
+
+Builders work on chunks of query blocks (bounded memory at 1M tokens) and are vectorised over
+heads, with per-head parameters as tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+# Element budget of one chunk of a block-mask or element-mask builder (bools).
+_CHUNK_ELEMS = 1 << 27
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """Kernel inputs for ``[B, H]`` heads (see module docstring).
+
+    ``kv_block_indices`` int32 ``[B, H, NQB, MAXB]``; ``kv_block_counts`` int32 ``[B, H, NQB]``;
+    ``q_perm`` / ``kv_perm`` int32 ``[B, H, S]`` or None; ``block`` = block_m = block_n.
+    ``meta``: what estimation found (e.g. ``{"stride": [B, H], "phase": [B, H]}``).
+    """
+
+    kv_block_indices: torch.Tensor
+    kv_block_counts: torch.Tensor
+    q_perm: torch.Tensor | None
+    kv_perm: torch.Tensor | None
+    block: int
+    S: int
+    meta: dict
+
+    @property
+    def computed_blocks(self) -> int:
+        return int(self.kv_block_counts.sum())
+
+    def density(self) -> float:
+        """Computed blocks / blocks of dense causal attention (same block size), over all heads."""
+        nb = -(-self.S // self.block)
+        B, H = self.kv_block_counts.shape[:2]
+        return self.computed_blocks / (B * H * nb * (nb + 1) / 2)
+
+    def row_mask(self, rows: torch.Tensor) -> torch.Tensor:
+        """Exact executed mask for ORIGINAL query rows ``rows`` (int64 ``[R]``), original key
+        order: bool ``[B, H, R, S]``."""
+        B, H, nqb, maxb = self.kv_block_indices.shape
+        S, blk = self.S, self.block
+        nkb = -(-S // blk)
+        dev = rows.device
+        if self.q_perm is None:
+            r = rows.expand(B, H, -1)
+        else:
+            inv = torch.empty_like(self.q_perm, dtype=torch.int64)
+            ar = torch.arange(S, device=dev).expand_as(self.q_perm)
+            inv.scatter_(-1, self.q_perm.long(), ar)
+            r = inv[..., rows]
+        qb = r // blk  # [B, H, R]
+        idx = self.kv_block_indices.long().gather(2, qb[..., None].expand(-1, -1, -1, maxb))
+        cnt = self.kv_block_counts.long().gather(2, qb)
+        valid = torch.arange(maxb, device=dev) < cnt[..., None]
+        idx = torch.where(valid, idx, nkb)
+        bm = torch.zeros(B, H, rows.numel(), nkb + 1, dtype=torch.bool, device=dev)
+        bm.scatter_(-1, idx, True)
+        colp = bm[..., :nkb].repeat_interleave(blk, dim=-1)[..., :S]  # permuted columns
+        if self.kv_perm is not None:
+            invk = torch.empty_like(self.kv_perm, dtype=torch.int64)
+            ar = torch.arange(S, device=dev).expand_as(self.kv_perm)
+            invk.scatter_(-1, self.kv_perm.long(), ar)
+            colp = colp.gather(-1, invk[:, :, None, :].expand(-1, -1, rows.numel(), -1))
+        causal = torch.arange(S, device=dev)[None, :] <= rows[:, None]
+        return colp & causal
+
+    def run(self, q, k, v, *, scale: float | None = None, impl: str = "auto"):
+        """Execute with ``sparse_kernels.permuted_block_sparse_attention``."""
+        from sparse_kernels import permuted_block_sparse_attention
+
+        return permuted_block_sparse_attention(
+            q,
+            k,
+            v,
+            kv_block_indices=self.kv_block_indices,
+            kv_block_counts=self.kv_block_counts,
+            q_perm=self.q_perm,
+            kv_perm=self.kv_perm,
+            block_m=self.block,
+            block_n=self.block,
+            causal=True,
+            scale=scale,
+            impl=impl,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Block mask -> lists
+
+
+def lists_from_chunks(
+    chunk_fn: Callable[[int, int], torch.Tensor], N: int, nqb: int, nkb: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call ``chunk_fn(m0, m1) -> bool [N, m1 - m0, NKB]`` over query-block chunks and turn
+    the block mask into index lists ``([N, NQB, MAXB] int32, [N, NQB] int32)``."""
+    step = max(1, _CHUNK_ELEMS // max(1, N * nkb * 8))
+    idx_chunks, cnt_chunks = [], []
+    for m0 in range(0, nqb, step):
+        m1 = min(nqb, m0 + step)
+        bm = chunk_fn(m0, m1)
+        cnt = bm.sum(-1)
+        maxb = int(cnt.max()) if cnt.numel() else 0
+        # Stable sort puts the listed blocks first, in ascending order.
+        order = torch.sort((~bm).to(torch.uint8), dim=-1, stable=True).indices[..., :maxb]
+        idx_chunks.append(order.to(torch.int32))
+        cnt_chunks.append(cnt.to(torch.int32))
+    maxb = max(1, max(c.shape[-1] for c in idx_chunks))
+    idx = torch.zeros(N, nqb, maxb, dtype=torch.int32, device=device)
+    m0 = 0
+    for c in idx_chunks:
+        idx[:, m0 : m0 + c.shape[1], : c.shape[2]] = c
+        m0 += c.shape[1]
+    return idx, torch.cat(cnt_chunks, dim=1)
+
+
+def _block_ranges(m0: int, m1: int, nkb: int, S: int, blk: int, device):
+    mq = torch.arange(m0, m1, device=device)[:, None]
+    n = torch.arange(nkb, device=device)[None, :]
+    i_lo, i_hi = mq * blk, torch.clamp((mq + 1) * blk, max=S) - 1
+    j_lo, j_hi = n * blk, torch.clamp((n + 1) * blk, max=S) - 1
+    return i_lo, i_hi, j_lo, j_hi
+
+
+def _col(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Static patterns, original order (params: [N] int64 tensors)
+
+
+def static_block_mask(kind: str, params: dict[str, torch.Tensor], S: int, blk: int):
+    """Chunk function for a static pattern in original order (``kind`` as in the specs)."""
+
+    def fn(m0: int, m1: int) -> torch.Tensor:
+        dev = next(iter(params.values())).device if params else torch.device("cpu")
+        i_lo, i_hi, j_lo, j_hi = _block_ranges(m0, m1, -(-S // blk), S, blk, dev)
+        causal = (j_lo <= i_hi)[None]
+        dmin, dmax = (i_lo - j_hi)[None], (i_hi - j_lo)[None]
+        if kind == "dense":
+            n = next(iter(params.values())).numel() if params else 1
+            return causal.expand(n, -1, -1).clone()
+        if kind in ("a_shape", "tri_shape"):
+            sink, win = _col(params["sink"]), _col(params["window"])
+            m = (j_lo[None] < sink) | ((dmax >= 0) & (dmin <= win - 1))
+            if kind == "tri_shape":
+                m = m | (i_hi[None] >= S - _col(params["last"]))
+            return m & causal
+        if kind == "sf_fixed":
+            L, vs = _col(params["local"]), _col(params["vline_stride"])
+            local = ((i_lo[None] // L) <= (j_hi[None] // L)) & (
+                (j_lo[None] // L) <= (i_hi[None] // L)
+            )
+            j0 = j_lo[None] + torch.remainder(vs - 1 - j_lo[None], vs)
+            vline = (j0 <= j_hi[None]) & (j0 <= i_hi[None])
+            return (local | vline) & causal
+        if kind == "sf_strided":
+            L, vs = _col(params["local"]), _col(params["vline_stride"])
+            local = (dmax >= 0) & (dmin <= L - 1)
+            d0 = dmin.clamp_min(0)
+            first = (d0 + vs - 1) // vs * vs
+            return (local | (first <= dmax)) & causal
+        raise NotImplementedError(f"static_block_mask: unknown kind {kind!r}")
+
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Vertical-Slash, original order
+
+
+def vertical_slash_block_mask(
+    vertical: torch.Tensor, slash: torch.Tensor, S: int, blk: int
+) -> Callable[[int, int], torch.Tensor]:
+    """Chunk function: key columns ``vertical`` and diagonals ``slash`` (int64 ``[N, NV]``,
+    ``[N, NS]``, entries < 0 ignored) rounded up to blocks, causal."""
+    nkb = -(-S // blk)
+    N = vertical.shape[0]
+
+    def fn(m0: int, m1: int) -> torch.Tensor:
+        dev = vertical.device
+        C = m1 - m0
+        mq = torch.arange(m0, m1, device=dev)
+        i_lo = (mq * blk)[None, :, None]
+        i_hi = (torch.clamp((mq + 1) * blk, max=S) - 1)[None, :, None]
+        out = torch.zeros(N, C, nkb + 1, dtype=torch.bool, device=dev)
+        v = vertical[:, None, :]
+        ok = (v >= 0) & (v <= i_hi)
+        out.scatter_(-1, torch.where(ok, v // blk, nkb).expand(N, C, -1), True)
+        o = slash[:, None, :]
+        hi = i_hi - o
+        lo = (i_lo - o).clamp_min(0)
+        ok = (o >= 0) & (hi >= 0)
+        out.scatter_(-1, torch.where(ok, lo // blk, nkb).expand(N, C, -1), True)
+        out.scatter_(-1, torch.where(ok, hi.clamp_min(0) // blk, nkb).expand(N, C, -1), True)
+        return out[..., :nkb]
+
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Grid, permuted space
+
+
+def grid_block_mask(
+    perm: torch.Tensor,
+    offsets: torch.Tensor,
+    use_hline: torch.Tensor,
+    use_vline: torch.Tensor,
+    use_slash: torch.Tensor,
+    S: int,
+    blk: int,
+) -> Callable[[int, int], torch.Tensor]:
+    """Chunk function in the grid-permuted space (same permutation for rows and columns).
+
+    ``perm`` ``[N, S]`` from ``sparse_kernels.grid_permutation``; ``offsets`` ``[N, L + 1]``
+    from ``grid_line_offsets``; flags ``[N]`` bool. Listed: the diagonal block; slash = the key
+    blocks of the query block's own lines; vline = key blocks of line 0; hline = every key
+    block for query blocks touching line 0; all pruned to blocks holding at least one key whose
+    original position is <= the block's largest original query position.
+    """
+    nkb = -(-S // blk)
+    dev = perm.device
+    pad = nkb * blk - S
+    p = torch.nn.functional.pad(perm.long(), (0, pad), value=S)
+    kmin = p.reshape(-1, nkb, blk).amin(-1)  # [N, NKB]
+    p2 = torch.nn.functional.pad(perm.long(), (0, pad), value=-1)
+    qmax = p2.reshape(-1, nkb, blk).amax(-1)  # [N, NQB]
+    offs = offsets.to(dev)
+    first_r = torch.arange(nkb, device=dev) * blk
+    last_r = torch.clamp(first_r + blk, max=S) - 1
+    c_lo = torch.searchsorted(offs, first_r.expand(offs.shape[0], -1).contiguous(), right=True) - 1
+    c_hi = torch.searchsorted(offs, last_r.expand(offs.shape[0], -1).contiguous(), right=True) - 1
+    s_lo = offs.gather(1, c_lo) // blk
+    s_hi = (offs.gather(1, c_hi + 1) - 1) // blk
+    v_hi = (offs[:, 1] - 1) // blk
+
+    def fn(m0: int, m1: int) -> torch.Tensor:
+        n = torch.arange(nkb, device=dev)[None, None, :]
+        m = torch.arange(m0, m1, device=dev)[None, :, None]
+        sl = (n >= s_lo[:, m0:m1, None]) & (n <= s_hi[:, m0:m1, None]) & _col(use_slash)
+        vl = (n <= v_hi[:, None, None]) & _col(use_vline)
+        hl = (c_lo[:, m0:m1, None] == 0) & _col(use_hline)
+        causal = kmin[:, None, :] <= qmax[:, m0:m1, None]
+        return (sl | vl | hl | (n == m)) & causal
+
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Element-level builders (boundary heads): rows in permuted order, mask reduced to blocks
+
+
+def element_block_mask(
+    row_fn: Callable[[torch.Tensor], torch.Tensor],
+    q_perm: torch.Tensor,
+    kv_perm: torch.Tensor | None,
+    N: int,
+    S: int,
+    blk: int,
+) -> Callable[[int, int], torch.Tensor]:
+    """Chunk function from an element mask: ``row_fn(rows) -> bool [N, R, S]`` for ORIGINAL
+    rows (original key order); rows of the chunk are ``q_perm`` of the permuted rows; columns
+    are reordered by ``kv_perm`` before the block reduction. Memory: ``N * chunk_rows * S``."""
+    nkb = -(-S // blk)
+    pad = nkb * blk - S
+
+    def fn(m0: int, m1: int) -> torch.Tensor:
+        r0, r1 = m0 * blk, min(m1 * blk, S)
+        rows = q_perm[r0:r1].long()
+        em = row_fn(rows)  # [N, R, S]
+        if kv_perm is not None:
+            em = em[..., kv_perm.long()]
+        em = torch.nn.functional.pad(em, (0, pad, 0, (m1 - m0) * blk - (r1 - r0)))
+        return em.reshape(N, m1 - m0, blk, nkb, blk).any(-1).any(2)
+
+    return fn
+
+
+def chunk_rows_step(N: int, S: int, blk: int) -> int:
+    """Query blocks per chunk for element-level builders."""
+    return max(1, _CHUNK_ELEMS // max(1, N * S * blk))
+
+
+def lists_from_element_chunks(
+    chunk_fn: Callable[[int, int], torch.Tensor], N: int, S: int, blk: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    nqb = nkb = -(-S // blk)
+    step = chunk_rows_step(N, S, blk)
+    idx_chunks, cnt_chunks = [], []
+    for m0 in range(0, nqb, step):
+        i, c = lists_from_chunks(
+            lambda a, b, o=m0: chunk_fn(o + a, o + b), N, min(step, nqb - m0), nkb, device
+        )
+        idx_chunks.append(i)
+        cnt_chunks.append(c)
+    maxb = max(i.shape[-1] for i in idx_chunks)
+    idx = torch.cat(
+        [torch.nn.functional.pad(i, (0, maxb - i.shape[-1])) for i in idx_chunks], dim=1
+    )
+    return idx, torch.cat(cnt_chunks, dim=1)

@@ -3,8 +3,10 @@ import torch
 from sparse_kernels import attention, grid_permutation, permuted_block_sparse_attention
 from sparse_kernels.attention import causal_mask, masked_attention_reference
 from sparse_kernels.permuted import (
+    MAX_MODALITIES,
     grid_line_offsets,
     inverse_permutation,
+    pair_bit,
     permuted_block_sparse_attention_reference,
     permuted_mask,
 )
@@ -406,6 +408,63 @@ def test_noncontiguous_bshd_inputs_and_int64_indices():
     _check(q, k, v, kw, torch.float16)
 
 
+def _modality_case(S, H, H_KV, n_mod, dtype, seed):
+    """Random modality per token (in runs, like interleaved text / frames), Q and K/V permuted to
+    modality order, every causally useful block listed with random allowed pairs per entry."""
+    g = _gen(seed)
+    runs = torch.randint(1, 40, (S,), generator=g).cumsum(0)
+    run_of = torch.searchsorted(runs, torch.arange(S), right=True)
+    mod = (torch.randint(0, n_mod, (int(run_of.max()) + 1,), generator=g)[run_of]).to(DEV)
+    perm = torch.argsort(mod * S + torch.arange(S, device=DEV)).to(torch.int32)
+    q, k, v = make_qkv(1, H, H_KV, S, S, 64, dtype=dtype, device=DEV, seed=seed)
+    nb = -(-S // 32)
+    idx = torch.argsort(torch.rand(1, H, nb, nb, generator=g), -1).to(torch.int32).to(DEV)
+    cnt = torch.randint(nb // 2, nb + 1, (1, H, nb), generator=g).to(torch.int32).to(DEV)
+    bits = torch.randint(0, 2, (1, H, nb, nb, n_mod, n_mod), generator=g)
+    weights = torch.tensor(
+        [[pair_bit(a, b) for b in range(n_mod)] for a in range(n_mod)], dtype=torch.int64
+    )
+    pairs = (bits * weights).sum((-1, -2)).to(DEV)
+    kw = dict(
+        q_perm=perm, kv_perm=perm, kv_block_indices=idx, kv_block_counts=cnt, block_m=32,
+        block_n=32, q_modality=mod, kv_modality=mod, kv_block_pairs=pairs,
+    )  # fmt: skip
+    return q, k, v, kw
+
+
+@pytest.mark.parametrize("dtype", kernel_dtypes(), ids=str)
+def test_per_pair_modality_masks_match_reference(dtype):
+    q, k, v, kw = _modality_case(200, 4, 2, 3, dtype, seed=21)
+    _check(q, k, v, kw, dtype)
+
+
+def test_intra_modality_pairs_equal_independent_mask():
+    # 2D-Boundary with only same-modality pairs allowed, every block listed: exactly
+    # "same modality and causal", although blocks straddle modality boundaries in permuted order.
+    q, k, v, kw = _modality_case(150, 2, 1, 3, torch.float32, seed=5)
+    nb = kw["kv_block_indices"].shape[-1]
+    kw["kv_block_counts"] = torch.full_like(kw["kv_block_counts"], nb)
+    same = sum(pair_bit(a, a) for a in range(3))
+    kw["kv_block_pairs"] = torch.full_like(kw["kv_block_pairs"], same)
+    res = permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
+    mod = kw["q_modality"]
+    mask = (mod[:, None] == mod[None, :]) & causal_mask(150, 150, DEV)
+    want = masked_attention_reference(q, k, v, mask, scale=64**-0.5, compute_dtype=torch.float64)
+    torch.testing.assert_close(res.out, want.out, atol=2e-5, rtol=0)
+    torch.testing.assert_close(res.lse, want.lse.float(), atol=2e-5, rtol=0)
+
+
+def test_all_pairs_allowed_equals_no_pair_mask():
+    # Every bit set (int64 -1, bit 63 = pair (7, 7) included) must change nothing.
+    q, k, v, kw = _modality_case(97, 2, 2, MAX_MODALITIES, torch.float32, seed=3)
+    kw["kv_block_pairs"] = torch.full_like(kw["kv_block_pairs"], -1)
+    with_pairs = permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
+    for name in ("q_modality", "kv_modality", "kv_block_pairs"):
+        kw.pop(name)
+    without = permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
+    assert torch.equal(with_pairs.out, without.out) and torch.equal(with_pairs.lse, without.lse)
+
+
 def _bad_kw(**over):
     kw = dict(
         kv_block_indices=torch.zeros(1, 1, 2, 1, dtype=torch.int32, device=DEV),
@@ -437,6 +496,10 @@ BAD = [
     pytest.param(dict(block_m=0), ValueError, "block_m", id="block_m-zero"),
     pytest.param(dict(block_n=64.0), TypeError, "block_n", id="block_n-float"),
     pytest.param(dict(check_perm="yes"), TypeError, "check_perm", id="check_perm-str"),
+    pytest.param(dict(q_modality=_t([0] * 100)), ValueError, "all three or none", id="pairs-partial"),
+    pytest.param(dict(q_modality=_t([0] * 100), kv_modality=_t([8] * 100), kv_block_pairs=_t([[[[1], [1]]]], torch.int64)), ValueError, r"modality ids in \[0, 8\)", id="modality-9th"),
+    pytest.param(dict(q_modality=_t([0] * 99), kv_modality=_t([0] * 100), kv_block_pairs=_t([[[[1], [1]]]], torch.int64)), ValueError, r"q_modality: expected shape \[100\]", id="modality-short"),
+    pytest.param(dict(q_modality=_t([0] * 100), kv_modality=_t([0] * 100), kv_block_pairs=_t([[[1, 1]]], torch.int64)), ValueError, "kv_block_pairs: expected the shape", id="pairs-shape"),
 ]  # fmt: skip
 
 

@@ -6,7 +6,7 @@ import torch
 
 from .._types import AttentionOutput
 from .._validate import check_qkv, check_scale, check_triton_head_dim, resolve_impl
-from .reference import permuted_block_sparse_attention_reference
+from .reference import MAX_MODALITIES, permuted_block_sparse_attention_reference
 
 _OP = "permuted_block_sparse_attention"
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -79,6 +79,15 @@ def _check_blocks(
         )
 
 
+def _check_modality(t: object, name: str, B: int, S: int, device) -> None:
+    _check_int_tensor(t, name, device)
+    ok = (t.ndim == 1 and t.shape[0] == S) or (
+        t.ndim == 2 and t.shape[0] in (1, B) and t.shape[1] == S
+    )
+    if not ok:
+        raise ValueError(f"{name}: expected shape [{S}] or [{B} or 1, {S}], got {tuple(t.shape)}")
+
+
 def _is_permutation(perm: torch.Tensor) -> bool:
     S = perm.shape[-1]
     ar = torch.arange(S, device=perm.device, dtype=torch.int64)
@@ -86,8 +95,14 @@ def _is_permutation(perm: torch.Tensor) -> bool:
 
 
 def _check_contents(
-    q_perm, kv_perm, lists: list[tuple[str, torch.Tensor, torch.Tensor]], nkb: int
+    q_perm, kv_perm, lists: list[tuple[str, torch.Tensor, torch.Tensor]], nkb: int, modalities
 ) -> None:
+    for name, mod in modalities:
+        if bool(((mod < 0) | (mod >= MAX_MODALITIES)).any()):
+            raise ValueError(
+                f"{name}: expected modality ids in [0, {MAX_MODALITIES}), got "
+                f"min {int(mod.min())}, max {int(mod.max())}"
+            )
     for name, perm in (("q_perm", q_perm), ("kv_perm", kv_perm)):
         if perm is not None and not _is_permutation(perm):
             raise ValueError(
@@ -139,6 +154,9 @@ def permuted_block_sparse_attention(
     block_m: int = 64,
     block_n: int = 64,
     causal: bool = True,
+    q_modality: torch.Tensor | None = None,
+    kv_modality: torch.Tensor | None = None,
+    kv_block_pairs: torch.Tensor | None = None,
     scale: float | None = None,
     check_perm: bool | None = None,
     impl: str = "auto",
@@ -158,6 +176,13 @@ def permuted_block_sparse_attention(
       ``j <= q_perm[r] + S_KV - S_Q`` (DESIGN.md alignment); or
     * it is in the full list (``full_kv_block_indices``): no element mask at all (as
       FlexAttention's full blocks; the caller promises every pair there is wanted, causal or not).
+
+    Per-pair masks (2D-Boundary, optional: ``q_modality``, ``kv_modality`` and ``kv_block_pairs``
+    together): a partial-list entry additionally keeps only the (row, column) pairs whose
+    modality pair it allows: bit ``q_modality[q_perm[r]] * 8 + kv_modality[kv_perm[c]]`` of its
+    int64 ``kv_block_pairs`` value (``reference.pair_bit(a, b)``). A block that straddles a
+    modality boundary in permuted order is then exact: each modality pair gets only its own
+    pattern there. Full-list entries take no pair mask.
 
     Because causality is evaluated on original positions, a causal Grid head stays exact after
     the permutation. ``out[b, h, i]`` and ``lse[b, h, i]`` are for ORIGINAL row ``i``. A row that
@@ -182,9 +207,13 @@ def permuted_block_sparse_attention(
         block_m, block_n: block sizes of the block structure (the Triton kernel takes powers of
             two 16..256; its tiles divide them; the reference takes any positive size).
         causal: evaluate causality on original positions for partial blocks.
+        q_modality, kv_modality: int32/int64 ``[S]`` or ``[B or 1, S]`` modality id (0..7) of each
+            ORIGINAL query / key token.
+        kv_block_pairs: int64 (or int32) pair masks, the shape of ``kv_block_indices``: entry
+            ``[b, h, m, t]`` is the set of allowed (query, key) modality pairs of that listed block.
         scale: softmax scale, default ``D ** -0.5``.
-        check_perm: verify that the permutations are permutations, that counts are in
-            ``[0, MAXB]``, listed blocks in range and no block is listed twice. Cost: one sort
+        check_perm: verify that the permutations are permutations, modality ids in ``[0, 8)``,
+            counts in ``[0, MAXB]``, listed blocks in range and no block is listed twice. Cost: one sort
             per head of each permutation (``O(S log S)``) and of each block list, plus host syncs;
             None (default) = on for the reference path, off for the Triton path (no sync in
             the hot path). A wrong index with the check off gives undefined output.
@@ -217,13 +246,33 @@ def permuted_block_sparse_attention(
     if full_kv_block_indices is not None:
         _check_blocks(full_kv_block_indices, full_kv_block_counts, "full_", B, H, nqb, dev)
         lists.append(("full_", full_kv_block_indices, full_kv_block_counts))
+    pair_args = (q_modality, kv_modality, kv_block_pairs)
+    modalities = []
+    if any(x is not None for x in pair_args):
+        if any(x is None for x in pair_args):
+            got = ", ".join(
+                f"{n}={'None' if x is None else 'a tensor'}"
+                for n, x in zip(("q_modality", "kv_modality", "kv_block_pairs"), pair_args)
+            )
+            raise ValueError(
+                f"q_modality, kv_modality and kv_block_pairs: expected all three or none, got {got}"
+            )
+        _check_modality(q_modality, "q_modality", B, S_Q, dev)
+        _check_modality(kv_modality, "kv_modality", B, S_KV, dev)
+        _check_int_tensor(kv_block_pairs, "kv_block_pairs", dev)
+        if kv_block_pairs.shape != kv_block_indices.shape:
+            raise ValueError(
+                f"kv_block_pairs: expected the shape of kv_block_indices "
+                f"{tuple(kv_block_indices.shape)}, got {tuple(kv_block_pairs.shape)}"
+            )
+        modalities = [("q_modality", q_modality), ("kv_modality", kv_modality)]
     which = resolve_impl(impl, dev, _OP)
     if check_perm is None:
         check_perm = which == "reference"
     if not isinstance(check_perm, bool):
         raise TypeError(f"check_perm: expected a bool or None, got {type(check_perm).__name__}")
     if check_perm:
-        _check_contents(q_perm, kv_perm, lists, nkb)
+        _check_contents(q_perm, kv_perm, lists, nkb, modalities)
     kw = dict(
         q_perm=q_perm,
         kv_perm=kv_perm,
@@ -235,6 +284,9 @@ def permuted_block_sparse_attention(
         block_n=block_n,
         causal=bool(causal),
         scale=scale,
+        q_modality=q_modality,
+        kv_modality=kv_modality,
+        kv_block_pairs=kv_block_pairs,
     )
     if which == "reference":
         return permuted_block_sparse_attention_reference(q, k, v, **kw)

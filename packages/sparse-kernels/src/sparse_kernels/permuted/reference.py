@@ -13,6 +13,20 @@ from .._types import AttentionOutput
 from ..attention.reference import causal_mask, masked_attention_reference
 from .perms import inverse_permutation
 
+# Modality ids are in [0, MAX_MODALITIES); pair (a, b) is bit ``a * MAX_MODALITIES + b`` of an
+# int64 pair mask.
+MAX_MODALITIES = 8
+
+
+def pair_bit(q_modality: int, kv_modality: int) -> int:
+    """The bit of ``kv_block_pairs`` that allows (query modality, key modality), as the signed
+    int64 value it has in the tensor (bit 63, pair (7, 7), is ``-2**63``). OR the bits together."""
+    for name, m in (("q_modality", q_modality), ("kv_modality", kv_modality)):
+        if not 0 <= m < MAX_MODALITIES:
+            raise ValueError(f"{name}: expected a modality id in [0, {MAX_MODALITIES}), got {m}")
+    bit = q_modality * MAX_MODALITIES + kv_modality
+    return 1 << bit if bit < 63 else -(1 << 63)
+
 
 def expand_perm(perm: torch.Tensor | None, B: int, H: int, S: int, device) -> torch.Tensor:
     """A ``[S]``, ``[H|1, S]`` or ``[B|1, H|1, S]`` permutation (None = identity) as int64
@@ -24,15 +38,32 @@ def expand_perm(perm: torch.Tensor | None, B: int, H: int, S: int, device) -> to
     return perm.to(device=device, dtype=torch.int64).expand(B, H, S)
 
 
-def block_list_mask(indices: torch.Tensor, counts: torch.Tensor, n_kv_blocks: int) -> torch.Tensor:
-    """``[..., NQB, NKB]`` bool: query block ``m`` lists key block ``n`` among its first
-    ``counts[..., m]`` entries of ``indices[..., m, :]``."""
+def block_list_mask(
+    indices: torch.Tensor,
+    counts: torch.Tensor,
+    n_kv_blocks: int,
+    values: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``[..., NQB, NKB]``: query block ``m`` lists key block ``n`` among its first
+    ``counts[..., m]`` entries of ``indices[..., m, :]``. bool, or with ``values`` (shaped like
+    ``indices``) the value of the entry that lists the block (0 where none does)."""
     maxb = indices.shape[-1]
     valid = torch.arange(maxb, device=indices.device) < counts[..., None].long()
     idx = torch.where(valid, indices.long(), n_kv_blocks)
-    out = torch.zeros(*idx.shape[:-1], n_kv_blocks + 1, dtype=torch.bool, device=indices.device)
-    out.scatter_(-1, idx, True)
+    if values is None:
+        out = torch.zeros(*idx.shape[:-1], n_kv_blocks + 1, dtype=torch.bool, device=idx.device)
+        out.scatter_(-1, idx, True)
+    else:
+        shape = torch.broadcast_shapes(idx.shape, values.shape)
+        idx = idx.expand(shape)
+        out = torch.zeros(*shape[:-1], n_kv_blocks + 1, dtype=values.dtype, device=idx.device)
+        out.scatter_(-1, idx, values.expand(shape))
     return out[..., :n_kv_blocks]
+
+
+def _modality_rows(mod: torch.Tensor, B: int, S: int, device) -> torch.Tensor:
+    """A ``[S]`` or ``[B|1, S]`` modality id tensor as int64 ``[B, S]``."""
+    return mod.to(device=device, dtype=torch.int64).reshape(-1, S).expand(B, S)
 
 
 def permuted_mask(
@@ -51,13 +82,18 @@ def permuted_mask(
     block_m: int,
     block_n: int,
     causal: bool,
+    q_modality: torch.Tensor | None = None,
+    kv_modality: torch.Tensor | None = None,
+    kv_block_pairs: torch.Tensor | None = None,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """``[B, H, S_Q, S_KV]`` bool in ORIGINAL coordinates: what query ``i`` attends.
 
     Original query ``i`` sits at permuted row ``r = q_inv[i]``, original key ``j`` at permuted
     column ``c = kv_inv[j]``. The pair is attended iff block ``(r // block_m, c // block_n)`` is in
-    the full list, or it is in the partial list and (not causal or ``j <= i + S_KV - S_Q``).
+    the full list, or it is in the partial list and (not causal or ``j <= i + S_KV - S_Q``)
+    and, with pair masks, bit ``q_modality[i] * 8 + kv_modality[j]`` of the entry's
+    ``kv_block_pairs`` value is set.
     """
     nqb, nkb = -(-S_Q // block_m), -(-S_KV // block_n)
 
@@ -80,6 +116,18 @@ def permuted_mask(
         return torch.gather(m, 3, kv_inv[:, :, None, :].expand(B, H, S_Q, S_KV))
 
     mask = to_original(elem(kv_block_indices, kv_block_counts))
+    if kv_block_pairs is not None:
+        bits = block_list_mask(
+            kv_block_indices.to(device),
+            kv_block_counts.to(device),
+            nkb,
+            values=kv_block_pairs.to(device=device, dtype=torch.int64),
+        ).expand(B, H, nqb, nkb)
+        bits = bits.repeat_interleave(block_m, dim=2)[:, :, :S_Q]
+        bits = to_original(bits.repeat_interleave(block_n, dim=3)[:, :, :, :S_KV])
+        qm = _modality_rows(q_modality, B, S_Q, device)[:, None, :, None]
+        km = _modality_rows(kv_modality, B, S_KV, device)[:, None, None, :]
+        mask = mask & (torch.bitwise_right_shift(bits, qm * MAX_MODALITIES + km) & 1).bool()
     if causal:
         mask = mask & causal_mask(S_Q, S_KV, device)
     if full_kv_block_indices is not None:
@@ -101,6 +149,9 @@ def permuted_block_sparse_attention_reference(
     block_m: int = 64,
     block_n: int = 64,
     causal: bool = True,
+    q_modality: torch.Tensor | None = None,
+    kv_modality: torch.Tensor | None = None,
+    kv_block_pairs: torch.Tensor | None = None,
     scale: float | None = None,
     compute_dtype: torch.dtype | None = None,
     row_chunk: int = 2048,
@@ -126,6 +177,9 @@ def permuted_block_sparse_attention_reference(
         block_m=block_m,
         block_n=block_n,
         causal=causal,
+        q_modality=q_modality,
+        kv_modality=kv_modality,
+        kv_block_pairs=kv_block_pairs,
         device=q.device,
     )
     outs, lses = [], []

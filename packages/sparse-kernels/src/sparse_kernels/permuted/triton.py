@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .._triton.config import FP32_CONFIG, block_d, on_interpreter
+from .reference import MAX_MODALITIES
 
 # Tile sizes must divide the block sizes of the block structure; the prune hook keeps those that do.
 _GPU_CONFIGS = [
@@ -26,6 +27,8 @@ _GPU_CONFIGS = [
     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
 ]
+# Bit (a * PAIR_STRIDE + b) of a pair mask allows query modality a with key modality b.
+PAIR_STRIDE = tl.constexpr(MAX_MODALITIES)
 # Under the interpreter tiles are as large as the blocks allow (fewer, bigger numpy ops).
 _INTERP_MAX_TILE = 64
 
@@ -42,6 +45,11 @@ def _permuted_blocks_inner(
     idx_base,
     stride_idx_n,
     count,
+    pairs_base,
+    stride_pairs_n,
+    kvmod_base,
+    stride_kvmod_s,
+    q_pair,
     stride_k_s,
     stride_k_d,
     stride_v_s,
@@ -57,9 +65,13 @@ def _permuted_blocks_inner(
     BLOCK_N: tl.constexpr,
     APPLY_CAUSAL: tl.constexpr,
     HAS_KV_PERM: tl.constexpr,
+    HAS_PAIRS: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     """Online-softmax update over the ``count`` listed key blocks, BLOCK_N key tiles at a time.
+
+    With HAS_PAIRS, element (row, col) of an entry is kept only if bit
+    ``q_pair[row] + kv_modality[col]`` of the entry's int64 pair mask is set.
 
     One flat loop over (listed block, sub-tile) so that the compiler pipelines it like a dense
     key loop (a nested loop with one inner iteration would not be pipelined).
@@ -92,6 +104,11 @@ def _permuted_blocks_inner(
         if APPLY_CAUSAL:
             # Causality on ORIGINAL positions: that is what keeps a permuted causal head exact.
             keep = keep & (cols[None, :] <= q_pos[:, None])
+        if HAS_PAIRS:
+            bits = tl.load(pairs_base + (t // n_sub) * stride_pairs_n).to(tl.int64)
+            k_mod = tl.load(kvmod_base + cols * stride_kvmod_s, mask=col_ok, other=0)
+            shift = q_pair[:, None] + k_mod.to(tl.int64)[None, :]
+            keep = keep & (((bits >> shift) & 1) != 0)
         qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         # A row that has seen no key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
@@ -121,6 +138,9 @@ def _permuted_fwd_kernel(
     cnt_ptr,
     fidx_ptr,
     fcnt_ptr,
+    qmod_ptr,
+    kvmod_ptr,
+    pairs_ptr,
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -157,6 +177,14 @@ def _permuted_fwd_kernel(
     stride_fcnt_b,
     stride_fcnt_h,
     stride_fcnt_m,
+    stride_qmod_b,
+    stride_qmod_s,
+    stride_kvmod_b,
+    stride_kvmod_s,
+    stride_pairs_b,
+    stride_pairs_h,
+    stride_pairs_m,
+    stride_pairs_n,
     H,
     GROUP,
     KVP_HEAD_DIV,
@@ -171,6 +199,7 @@ def _permuted_fwd_kernel(
     HAS_Q_PERM: tl.constexpr,
     HAS_KV_PERM: tl.constexpr,
     HAS_FULL: tl.constexpr,
+    HAS_PAIRS: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -217,14 +246,25 @@ def _permuted_fwd_kernel(
     # Original position of each row (DESIGN.md: row i sits at i + S_KV - S_Q).
     q_pos = rows + (S_KV - S_Q)
 
+    if HAS_PAIRS:
+        q_mod = tl.load(qmod_ptr + b64 * stride_qmod_b + rows * stride_qmod_s, mask=row_ok, other=0)
+        q_pair = q_mod.to(tl.int64) * PAIR_STRIDE
+    else:
+        q_pair = tl.zeros([BLOCK_M], tl.int64)
+    kvmod_base = kvmod_ptr + b64 * stride_kvmod_b
+
     qb = (start_m * BLOCK_M) // q_block
+    pairs_base = (
+        pairs_ptr + b64 * stride_pairs_b + h64 * stride_pairs_h + qb.to(tl.int64) * stride_pairs_m
+    )
     count = tl.load(cnt_ptr + b64 * stride_cnt_b + h64 * stride_cnt_h + qb * stride_cnt_m)
     idx_base = idx_ptr + b64 * stride_idx_b + h64 * stride_idx_h + qb.to(tl.int64) * stride_idx_m
     acc, l_i, m_i = _permuted_blocks_inner(
         acc, l_i, m_i, q, k_base, v_base, kvp_base, idx_base, stride_idx_n, count,
+        pairs_base, stride_pairs_n, kvmod_base, stride_kvmod_s, q_pair,
         stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
         q_pos, offs_n, offs_d, S_KV, qk_scale,
-        D, BLOCK_N, IS_CAUSAL, HAS_KV_PERM, IEEE,
+        D, BLOCK_N, IS_CAUSAL, HAS_KV_PERM, HAS_PAIRS, IEEE,
     )  # fmt: skip
     if HAS_FULL:
         fcount = tl.load(fcnt_ptr + b64 * stride_fcnt_b + h64 * stride_fcnt_h + qb * stride_fcnt_m)
@@ -233,9 +273,10 @@ def _permuted_fwd_kernel(
         )
         acc, l_i, m_i = _permuted_blocks_inner(
             acc, l_i, m_i, q, k_base, v_base, kvp_base, fidx_base, stride_fidx_n, fcount,
+            pairs_base, stride_pairs_n, kvmod_base, stride_kvmod_s, q_pair,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
             q_pos, offs_n, offs_d, S_KV, qk_scale,
-            D, BLOCK_N, False, HAS_KV_PERM, IEEE,
+            D, BLOCK_N, False, HAS_KV_PERM, False, IEEE,
         )  # fmt: skip
 
     empty = l_i == 0.0
@@ -286,7 +327,17 @@ def _gpu_configs() -> list[triton.Config]:
 
 _permuted_fwd_autotuned = triton.autotune(
     configs=_gpu_configs(),
-    key=["D", "IS_CAUSAL", "HAS_Q_PERM", "HAS_KV_PERM", "HAS_FULL", "IEEE", "q_block", "kv_block"],
+    key=[
+        "D",
+        "IS_CAUSAL",
+        "HAS_Q_PERM",
+        "HAS_KV_PERM",
+        "HAS_FULL",
+        "HAS_PAIRS",
+        "IEEE",
+        "q_block",
+        "kv_block",
+    ],
     prune_configs_by={"early_config_prune": _prune},
 )(_permuted_fwd_kernel)
 
@@ -303,6 +354,13 @@ def _strides3(t: torch.Tensor | None) -> tuple[int, int, int]:
     if t is None:
         return (0, 0, 0)
     return tuple(0 if t.shape[i] == 1 else t.stride(i) for i in range(3))
+
+
+def _strides_mod(t: torch.Tensor | None) -> tuple[int, int]:
+    """Strides (b, s) of a ``[B|1, S]`` modality index; size-1 batch broadcasts."""
+    if t is None:
+        return (0, 0)
+    return (0 if t.shape[0] == 1 else t.stride(0), t.stride(1))
 
 
 def _strides_blocks(t: torch.Tensor) -> tuple[int, ...]:
@@ -324,6 +382,9 @@ def _launch_permuted_fwd(
     block_n: int,
     causal: bool,
     scale: float,
+    q_modality: torch.Tensor | None = None,
+    kv_modality: torch.Tensor | None = None,
+    kv_block_pairs: torch.Tensor | None = None,
     config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config`` forces one tile config (tests sweep the autotune list)."""
@@ -340,16 +401,25 @@ def _launch_permuted_fwd(
         kvp_div = H // H_KV
     else:
         kvp_div = 1
+    has_pairs = kv_block_pairs is not None
+    if has_pairs:
+        q_modality = q_modality.reshape(-1, S_Q)
+        kv_modality = kv_modality.reshape(-1, S_KV)
     dummy = kv_block_counts  # any int tensor: never read when the HAS_* flag is off
     args = (
         q, k, v, out, lse,
         q_perm if q_perm is not None else dummy,
         kv_perm if kv_perm is not None else dummy,
         kv_block_indices, kv_block_counts, fidx, fcnt,
+        q_modality if has_pairs else dummy,
+        kv_modality if has_pairs else dummy,
+        kv_block_pairs if has_pairs else dummy,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *_strides3(q_perm), *_strides3(kv_perm),
         *_strides_blocks(kv_block_indices), *_strides_blocks(kv_block_counts),
         *_strides_blocks(fidx), *_strides_blocks(fcnt),
+        *_strides_mod(q_modality), *_strides_mod(kv_modality),
+        *(_strides_blocks(kv_block_pairs) if has_pairs else (0, 0, 0, 0)),
         H, H // H_KV, kvp_div, S_Q, S_KV, block_m, block_n, scale,
     )  # fmt: skip
     flags = dict(
@@ -359,6 +429,7 @@ def _launch_permuted_fwd(
         HAS_Q_PERM=q_perm is not None,
         HAS_KV_PERM=kv_perm is not None,
         HAS_FULL=has_full,
+        HAS_PAIRS=has_pairs,
         IEEE=q.dtype == torch.float32,
     )
     if config is None and on_interpreter():

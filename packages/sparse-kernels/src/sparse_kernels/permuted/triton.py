@@ -4,7 +4,8 @@ One program computes BLOCK_M permuted query rows of one (batch, head). It loads 
 permutation for its rows once, gathers those q rows, walks the key blocks listed for its query
 block (partial list with the causal element mask on ORIGINAL positions, then the full list with
 bounds only), gathering k/v rows through the key permutation, and scatters out/lse back to the
-original rows. No permuted copy of any tensor is made. Row and column offsets are int64 so that
+original rows. No permuted copy of any tensor is made. Optional per-pair modality masks keep, in
+a listed block, only the (query modality, key modality) pairs its entry allows. Row and column offsets are int64 so that
 gathers into 1M-token tensors do not overflow.
 """
 
@@ -31,6 +32,36 @@ _GPU_CONFIGS = [
 PAIR_STRIDE = tl.constexpr(MAX_MODALITIES)
 # Under the interpreter tiles are as large as the blocks allow (fewer, bigger numpy ops).
 _INTERP_MAX_TILE = 64
+
+
+def _prune(configs_, named_args, **kwargs):
+    """Keep the tiles that divide the block structure; fp32 gets one small exact-dot tile."""
+    qb, kb = named_args["q_block"], named_args["kv_block"]
+    if named_args["q_ptr"].dtype == torch.float32:
+        return [
+            triton.Config(
+                dict(
+                    BLOCK_M=min(qb, FP32_CONFIG["BLOCK_M"]), BLOCK_N=min(kb, FP32_CONFIG["BLOCK_N"])
+                ),
+                num_warps=4,
+                num_stages=1,
+            )
+        ]
+    keep = [c for c in configs_ if qb % c.kwargs["BLOCK_M"] == 0 and kb % c.kwargs["BLOCK_N"] == 0]
+    if not keep:
+        keep = [
+            triton.Config(dict(BLOCK_M=min(qb, 64), BLOCK_N=min(kb, 64)), num_warps=4, num_stages=2)
+        ]
+    return keep
+
+
+def _gpu_configs() -> list[triton.Config]:
+    out = []
+    for c in _GPU_CONFIGS:
+        c = dict(c)
+        w, s = c.pop("num_warps"), c.pop("num_stages")
+        out.append(triton.Config(c, num_warps=w, num_stages=s))
+    return out
 
 
 @triton.jit
@@ -293,36 +324,6 @@ def _permuted_fwd_kernel(
     )
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(lse_ptr + bh.to(tl.int64) * S_Q + rows, lse, mask=row_ok)
-
-
-def _prune(configs_, named_args, **kwargs):
-    """Keep the tiles that divide the block structure; fp32 gets one small exact-dot tile."""
-    qb, kb = named_args["q_block"], named_args["kv_block"]
-    if named_args["q_ptr"].dtype == torch.float32:
-        return [
-            triton.Config(
-                dict(
-                    BLOCK_M=min(qb, FP32_CONFIG["BLOCK_M"]), BLOCK_N=min(kb, FP32_CONFIG["BLOCK_N"])
-                ),
-                num_warps=4,
-                num_stages=1,
-            )
-        ]
-    keep = [c for c in configs_ if qb % c.kwargs["BLOCK_M"] == 0 and kb % c.kwargs["BLOCK_N"] == 0]
-    if not keep:
-        keep = [
-            triton.Config(dict(BLOCK_M=min(qb, 64), BLOCK_N=min(kb, 64)), num_warps=4, num_stages=2)
-        ]
-    return keep
-
-
-def _gpu_configs() -> list[triton.Config]:
-    out = []
-    for c in _GPU_CONFIGS:
-        c = dict(c)
-        w, s = c.pop("num_warps"), c.pop("num_stages")
-        out.append(triton.Config(c, num_warps=w, num_stages=s))
-    return out
 
 
 _permuted_fwd_autotuned = triton.autotune(

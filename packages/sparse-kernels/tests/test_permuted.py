@@ -4,6 +4,7 @@ from sparse_kernels import attention, grid_permutation, permuted_block_sparse_at
 from sparse_kernels.attention import causal_mask, masked_attention_reference
 from sparse_kernels.permuted import (
     MAX_MODALITIES,
+    block_lists_from_mask,
     grid_line_offsets,
     inverse_permutation,
     pair_bit,
@@ -337,6 +338,24 @@ def test_grid_permutation_matches_python_definition():
         counts = [sum(1 for i in range(S) if (i - ph) % s_ == c) for c in range(60)]
         want_offs = torch.tensor([0] + counts).cumsum(0)
         assert torch.equal(offs[h], want_offs)
+
+
+@pytest.mark.parametrize("max_blocks", [None, 9], ids=["tight", "padded"])
+def test_block_lists_from_mask_round_trip(max_blocks):
+    from sparse_kernels.permuted.reference import block_list_mask
+
+    mask = torch.rand(2, 3, 5, 7, generator=_gen(0)) < 0.4
+    mask[0, 0, 0] = False  # an empty row
+    idx, cnt = block_lists_from_mask(mask, max_blocks=max_blocks)
+    assert idx.dtype == torch.int32 and cnt.dtype == torch.int32
+    assert idx.shape[-1] == (int(mask.sum(-1).max()) if max_blocks is None else max_blocks)
+    assert torch.equal(cnt, mask.sum(-1).to(torch.int32))
+    assert bool(((idx >= 0) & (idx < 7)).all())
+    assert torch.equal(block_list_mask(idx, cnt, 7), mask)
+    with pytest.raises(ValueError, match="max_blocks"):
+        block_lists_from_mask(torch.ones(1, 4, dtype=torch.bool), max_blocks=3)
+    with pytest.raises(TypeError, match="bool"):
+        block_lists_from_mask(mask.int())
 
 
 def test_per_head_permutations_in_one_launch_match_per_head_calls():

@@ -1,5 +1,11 @@
 from .api import permuted_block_sparse_attention
-from .perms import Permutation, grid_line_offsets, grid_permutation, inverse_permutation
+from .perms import (
+    Permutation,
+    block_lists_from_mask,
+    grid_line_offsets,
+    grid_permutation,
+    inverse_permutation,
+)
 from .reference import (
     MAX_MODALITIES,
     pair_bit,
@@ -10,6 +16,7 @@ from .reference import (
 __all__ = [
     "MAX_MODALITIES",
     "Permutation",
+    "block_lists_from_mask",
     "grid_line_offsets",
     "grid_permutation",
     "inverse_permutation",

@@ -126,3 +126,44 @@ def grid_line_offsets(
     count = torch.where(c < st, (S - first + st - 1).clamp_min(0) // st, 0)
     zero = torch.zeros(H, 1, dtype=torch.int64, device=device)
     return torch.cat([zero, torch.cumsum(count, dim=-1)], dim=-1)
+
+
+def block_lists_from_mask(
+    block_mask: torch.Tensor, *, max_blocks: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block lists (``kv_block_indices``, ``kv_block_counts``) from a bool block mask.
+
+    Args:
+        block_mask: bool ``[..., NQB, NKB]`` (e.g. ``[B, H, NQB, NKB]``), True where query block
+            ``m`` attends key block ``n``.
+        max_blocks: width ``MAXB`` of the index tensor (default: the largest count). A row with
+            more listed blocks than ``max_blocks`` raises ``ValueError``.
+
+    Returns:
+        int32 ``indices [..., NQB, MAXB]`` (listed blocks first, in increasing order; the padding
+        past each count repeats valid block numbers and is never read) and int32
+        ``counts [..., NQB]``.
+    """
+    if not isinstance(block_mask, torch.Tensor) or block_mask.dtype != torch.bool:
+        got = (
+            block_mask.dtype if isinstance(block_mask, torch.Tensor) else type(block_mask).__name__
+        )
+        raise TypeError(f"block_mask: expected a bool tensor, got {got}")
+    if block_mask.ndim < 2:
+        raise ValueError(
+            f"block_mask: expected shape [..., NQB, NKB], got {tuple(block_mask.shape)}"
+        )
+    counts = block_mask.sum(-1, dtype=torch.int32)
+    need = int(counts.max()) if counts.numel() else 0
+    width = max(need, 1) if max_blocks is None else max_blocks
+    if need > width:
+        raise ValueError(
+            f"max_blocks: a query block lists {need} key blocks, more than max_blocks={width}"
+        )
+    # Stable sort of "not listed" puts listed blocks first, each group in increasing order.
+    order = torch.sort((~block_mask).to(torch.int8), dim=-1, stable=True).indices
+    nkb = block_mask.shape[-1]
+    if width > nkb:
+        pad = order[..., :1].expand(*order.shape[:-1], width - nkb)
+        order = torch.cat([order, pad], dim=-1)
+    return order[..., :width].to(torch.int32).contiguous(), counts

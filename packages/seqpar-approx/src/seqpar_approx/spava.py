@@ -197,6 +197,8 @@ def spava_attention(
         outs.append(r.out)
         lses.append(r.lse)
 
+    for p in pend:  # a selection no local block needed (e.g. host 0) is still completed
+        p.wait()
     # 4. merge the query partials of every host (rank order)
     m = merge_attention(pend_out.wait(), pend_lse.wait(), impl=impl)
     outs.append(m.out)

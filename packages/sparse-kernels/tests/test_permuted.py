@@ -687,9 +687,10 @@ def test_grid_perms_match_flex_attention_mask_mod():
 
 @pytest.mark.parametrize("q_block,kv_block", [(64, 64), (128, 64), (64, 128), (32, 256), (16, 16)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_autotune_prune_keeps_only_tiles_dividing_the_blocks(q_block, kv_block, dtype):
+def test_autotune_prune_keeps_only_tiles_dividing_the_blocks(q_block, kv_block, dtype, monkeypatch):
     from sparse_kernels.permuted import triton as pt
 
+    monkeypatch.setenv("SPARSE_KERNELS_AUTOTUNE", "1")
     args = dict(q_block=q_block, kv_block=kv_block, q_ptr=torch.empty(1, dtype=dtype))
     kept = pt._prune(pt._permuted_fwd_autotuned.configs, args)
     assert kept
@@ -699,3 +700,12 @@ def test_autotune_prune_keeps_only_tiles_dividing_the_blocks(q_block, kv_block, 
         assert len(kept) == 1 and c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 32
     elif (q_block, kv_block) == (128, 64):
         assert {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in kept} == {(128, 64), (64, 64)}
+
+
+def test_autotune_off_keeps_one_dividing_config(monkeypatch):
+    from sparse_kernels.permuted import triton as pt
+
+    monkeypatch.setenv("SPARSE_KERNELS_AUTOTUNE", "0")
+    args = dict(q_block=128, kv_block=64, q_ptr=torch.empty(1, dtype=torch.float16))
+    kept = pt._prune(pt._permuted_fwd_autotuned.configs, args)
+    assert len(kept) == 1 and kept[0].kwargs["BLOCK_N"] == 64

@@ -20,6 +20,7 @@ from sparse_patterns import (
 )
 from sparse_patterns.metrics import recall_many
 from sparse_patterns.plan import static_block_mask, vertical_slash_block_mask
+from sparse_patterns.testing import planted_boundary_qkv
 
 ELEMENT = {
     "dense": lambda i, j, p: torch.ones_like(i - j, dtype=torch.bool),
@@ -153,26 +154,6 @@ def test_layer_triton_within_error_budget(dtype):
     assert_close_budget(out.out, low.out, gold.out, dtype=dtype)
 
 
-def _boundary_head(S_spans, seed=0):
-    """Text queries attend text columns, video queries attend video columns (Q-boundary)."""
-    lay = TokenLayout.from_spans(S_spans, tokens_per_frame=32)
-    S = lay.modality.numel()
-    g = torch.Generator().manual_seed(seed)
-    D = 64
-    q = torch.randn(1, 2, S, D, generator=g) * 0.3
-    k = torch.randn(1, 1, S, D, generator=g) * 0.3
-    v = torch.randn(1, 1, S, D, generator=g)
-    amp = (10.0 * D**0.5) ** 0.5
-    text = lay.modality == 0
-    q[..., text, 0] += amp
-    q[..., ~text, 1] += amp
-    tcols = torch.nonzero(text).flatten()[[2, 9, 20]]
-    vcols = torch.nonzero(~text).flatten()[[5, 40, 77, 150]]
-    k[..., tcols, 0] += amp
-    k[..., vcols, 1] += amp
-    return q, k, v, lay
-
-
 @pytest.mark.parametrize(
     "boundary",
     [
@@ -185,7 +166,7 @@ def test_boundary_heads_recover_per_modality_columns(boundary):
     the last rows are text). No-Boundary VS, estimated from the last (text) queries, loses the
     video rows' columns; Q-/2D-Boundary VS estimate each modality from its own last queries and
     recall >= 0.95 of the attention mass."""
-    q, k, v, lay = _boundary_head([(0, 60), (2, 256), (0, 40), (2, 200), (0, 61)])
+    q, k, v, lay = planted_boundary_qkv([(0, 60), (2, 256), (0, 40), (2, 200), (0, 61)])
     pat = VerticalSlash(n_vertical=8, n_slash=8, last_q=32, sink=1, local=4)
     plans = [plan_layer(q, k, HeadConfig(pat, b), lay, block=32) for b in (KBoundary(), boundary)]
     (m_none, _), (m_b, _) = recall_many(q, k, v, [p.row_mask for p in plans], scale=64**-0.5)

@@ -87,3 +87,32 @@ def planted_vertical_slash_qkv(
     q[..., 1 : 1 + 2 * half] += (code(pos) * c).float()
     k[..., 1 : 1 + 2 * half] += (sum(code(pos + o) for o in offsets) * c).float()
     return q.to(device, dtype), k.to(device, dtype), v.to(device, dtype)
+
+
+def planted_boundary_qkv(
+    spans: list[tuple[int, int]],
+    *,
+    H: int = 2,
+    D: int = 64,
+    strength: float = 10.0,
+    seed: int = 0,
+):
+    """A planted Q-boundary head: text (modality 0) queries attend a few text columns, other
+    queries attend a few video columns. Returns ``q [1, H, S, D], k, v [1, 1, S, D], layout``."""
+    from .layout import TokenLayout
+
+    lay = TokenLayout.from_spans(spans, tokens_per_frame=32)
+    S = lay.modality.numel()
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, H, S, D, generator=g) * 0.3
+    k = torch.randn(1, 1, S, D, generator=g) * 0.3
+    v = torch.randn(1, 1, S, D, generator=g)
+    amp = (strength * D**0.5) ** 0.5
+    text = lay.modality == 0
+    q[..., text, 0] += amp
+    q[..., ~text, 1] += amp
+    tcols = torch.nonzero(text).flatten()[[2, 9, 20]]
+    vcols = torch.nonzero(~text).flatten()[[5, 40, 77, 150]]
+    k[..., tcols, 0] += amp
+    k[..., vcols, 1] += amp
+    return q, k, v, lay

@@ -1,0 +1,130 @@
+import resource
+
+import pytest
+import torch
+from sparse_patterns import (
+    AShape,
+    Grid,
+    HeadConfig,
+    PatternConfig,
+    QBoundary,
+    TokenLayout,
+    TwoDBoundary,
+    VerticalSlash,
+    search_config,
+    search_layer,
+    table3_candidates,
+)
+from sparse_patterns.testing import planted_boundary_qkv, planted_grid_qkv
+
+SPANS = [(0, 60), (2, 256), (0, 40), (2, 200), (0, 61)]  # S = 617
+
+
+def _mixed_layer():
+    """KV head 0: planted grid (stride 16, phase 3); KV head 1: planted Q-boundary head."""
+    qb, kb, vb, lay = planted_boundary_qkv(SPANS)
+    S = lay.modality.numel()
+    qg, kg, vg = planted_grid_qkv(1, 2, 1, S, 64, stride=16, phase=3, seed=4)
+    q = torch.cat([qg, qb], 1)
+    k = torch.cat([kg, kb], 1)
+    v = torch.cat([vg, vb], 1)
+    return q, k, v, TokenLayout(lay.modality, tokens_per_frame=32)
+
+
+CANDS = [
+    HeadConfig(AShape(sink=8, window=64)),
+    HeadConfig(VerticalSlash(n_vertical=8, n_slash=8, last_q=32, sink=1, local=4)),
+    HeadConfig(Grid()),
+]
+
+
+def test_search_layer_picks_grid_and_boundary_heads():
+    q, k, v, lay = _mixed_layer()
+    chosen, info = search_layer(
+        q, k, v, lay, candidates=CANDS, budget_pattern=AShape(sink=64, window=224), block=32
+    )
+    assert [type(c.pattern) for c in chosen[:2]] == [Grid, Grid]
+    for c in chosen[2:]:
+        assert isinstance(c.pattern, VerticalSlash)
+        assert isinstance(c.boundary, (QBoundary, TwoDBoundary))
+    assert info["cost_model"] == "computed_blocks_proxy"
+    for h, hi in enumerate(info["heads"]):
+        assert hi["cost"] <= info["budget"][h]
+        assert hi["output_recall"] > 0.8
+    # 3 intra candidates + (Q, 2D) x 2 best boundary-capable patterns
+    assert info["n_candidates"] == 3 + 4
+
+
+def test_search_respects_the_budget():
+    """With a budget below every candidate but the budget pattern, heads get the budget pattern."""
+    q, k, v, lay = _mixed_layer()
+    tiny = AShape(sink=1, window=8)
+    chosen, info = search_layer(
+        q,
+        k,
+        v,
+        lay,
+        candidates=[HeadConfig(Grid(use_hline=True))],
+        budget_pattern=tiny,
+        budget_slack=1.0,
+        block=32,
+    )
+    assert all(c.pattern == tiny for c in chosen)
+
+
+def test_search_config_from_a_tensor_provider(tmp_path):
+    q, k, v, lay = _mixed_layer()
+
+    def provider(inputs):
+        for li in inputs:
+            yield li, q, k, v
+
+    cfg = search_config(
+        provider,
+        [0, 2],
+        lay,
+        model_id="synthetic",
+        num_layers=3,
+        candidates=CANDS[:2],
+        budget_pattern=AShape(sink=64, window=224),
+        block=32,
+        n_eval_rows=200,
+    )
+    assert cfg.num_layers == 3 and cfg.num_heads == 4
+    assert cfg.metadata["searched_layers"] == [0, 2]
+    assert cfg.metadata["cost_model"] == "computed_blocks_proxy"
+    assert all(h.pattern.kind == "dense" for h in cfg.layer(1))
+    cfg.save(tmp_path / "c.json")
+    assert PatternConfig.load(tmp_path / "c.json", model_id="synthetic") == cfg
+
+
+def test_table3_candidates():
+    c = table3_candidates(25_000, tokens_per_frame=196)
+    assert len(c) == 3 + 9 + 12
+    assert c[0].pattern == AShape(sink=128, window=1024)
+    assert c[3].pattern == VerticalSlash(n_vertical=1000, n_slash=1024)
+    assert c[12].pattern == Grid(stride=196, use_hline=True, use_vline=False, use_slash=False)
+    small = table3_candidates(2500)
+    assert small[3].pattern.n_vertical == 100 and len(small) == 3 + 9 + 6
+
+
+@pytest.mark.slow
+def test_search_25k_tokens_without_an_s_by_s_matrix():
+    """A 25.6K-token calibration layer: recall is chunked over rows; peak RSS growth stays far
+    below one S x S float32 matrix per head (2.6 GB)."""
+    S = 25_600
+    q, k, v = planted_grid_qkv(1, 2, 1, S, 64, stride=32, phase=7, seed=1)
+    lay = TokenLayout(torch.full((S,), 2), tokens_per_frame=64)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    chosen, info = search_layer(
+        q,
+        k,
+        v,
+        lay,
+        candidates=[HeadConfig(Grid()), HeadConfig(AShape(sink=64, window=1024))],
+        block=64,
+        n_eval_rows=256,
+    )
+    grown_gb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 2**20
+    assert grown_gb < 1.5, grown_gb
+    assert all(isinstance(c.pattern, Grid) for c in chosen)

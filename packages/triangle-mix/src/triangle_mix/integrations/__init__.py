@@ -1,0 +1,1 @@
+"""Integrations with model libraries (transformers), imported only on demand."""

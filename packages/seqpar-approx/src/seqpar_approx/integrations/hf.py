@@ -46,6 +46,11 @@ class _State:
     simulate: bool = False
     on_layer: object = None
     timings: dict = field(default_factory=dict)
+    events: list = field(default_factory=list)
+
+    def attention_seconds(self) -> float:
+        """Time spent in attention (CUDA events on GPU; call after a synchronize)."""
+        return sum(self.timings.values()) + sum(a.elapsed_time(b) for a, b in self.events) / 1e3
 
 
 _ACTIVE: list[_State] = []
@@ -85,6 +90,10 @@ def _attention_fn(module, query, key, value, attention_mask, scaling=None, dropo
         )
     st = _ACTIVE[-1]
     layer = getattr(module, "layer_idx", None)
+    cuda = query.device.type == "cuda"
+    if cuda:  # events, not host time: kernels run asynchronously
+        ev0 = torch.cuda.Event(enable_timing=True)
+        ev0.record()
     t0 = time.perf_counter()
     if query.shape[2] == key.shape[2]:  # prefill of the local rows
         if st.method == "dense":
@@ -110,7 +119,12 @@ def _attention_fn(module, query, key, value, attention_mask, scaling=None, dropo
             ).out
     else:
         out = _decode_attention(st, query, key, value, scaling)
-    st.timings[layer] = st.timings.get(layer, 0.0) + time.perf_counter() - t0
+    if cuda:
+        ev1 = torch.cuda.Event(enable_timing=True)
+        ev1.record()
+        st.events.append((ev0, ev1))
+    else:
+        st.timings[layer] = st.timings.get(layer, 0.0) + time.perf_counter() - t0
     if st.on_layer is not None:
         st.on_layer(layer)
     return out.transpose(1, 2).contiguous(), None
@@ -442,7 +456,7 @@ def sharded_generate(
             beat(f"decode step {step}")
         sync()
         t_end = time.perf_counter()
-        att = sum(h.state.timings.values())
+        att = h.state.attention_seconds()
     return GenerationResult(
         tokens=tokens,
         ttft_s=t_first - t0,

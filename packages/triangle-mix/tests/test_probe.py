@@ -1,0 +1,83 @@
+import pytest
+import torch
+from triangle_mix import kv_retrieval_prompt, probe_start_layer, suggest_start_layer
+from triangle_mix.probe import _Acc, _ProbeAttention
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_probe_gradients_equal_explicit_theta():
+    # Reference: theta (all ones) multiplies the probabilities explicitly; autograd gives d y / d theta.
+    torch.manual_seed(0)
+    B, H, H_KV, N, D = 1, 4, 2, 24, 8
+    sink, window, last = 2, 4, 5
+    q = torch.randn(B, H, N, D, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(B, H_KV, N, D, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(B, H_KV, N, D, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(B, H, N, D, dtype=torch.float64)
+    scale = D**-0.5
+    theta = torch.ones(B, H, N, N, dtype=torch.float64, requires_grad=True)
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
+    causal = j <= i
+    A = torch.softmax((q @ kk.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf")), -1)
+    ((theta * A) @ vv * w).sum().backward()
+    gq, gk, gv, gt = q.grad.clone(), k.grad.clone(), v.grad.clone(), theta.grad
+    outside = causal & ~((j < sink) | (i - j < window))
+    mid, lst = outside & (i < N - last), outside & (i >= N - last)
+    want_mid = sum(float(gt[0, h][mid].mean()) for h in range(H))
+    want_last = sum(float(gt[0, h][lst].mean()) for h in range(H))
+    want_amid = sum(float(A.detach()[0, h][mid].mean()) for h in range(H))
+
+    q.grad = k.grad = v.grad = None
+    acc = _Acc(1)
+    out = _ProbeAttention.apply(q, k, v, scale, 0, acc, sink, window, last)
+    (out * w).sum().backward()
+    torch.testing.assert_close(q.grad, gq)
+    torch.testing.assert_close(k.grad, gk)
+    torch.testing.assert_close(v.grad, gv)
+    assert acc.g_mid[0].item() == pytest.approx(want_mid, rel=1e-9, abs=1e-12)
+    assert acc.g_last[0].item() == pytest.approx(want_last, rel=1e-9, abs=1e-12)
+    assert acc.a_mid[0].item() == pytest.approx(want_amid, rel=1e-9)
+
+
+class _CharTokenizer:
+    chat_template = None
+
+    def __call__(self, text, return_tensors=None, add_special_tokens=True):
+        ids = [ord(c) % 120 + 1 for c in text]
+        out = type("Enc", (), {})()
+        out.input_ids = torch.tensor([ids]) if return_tensors == "pt" else ids
+        return out
+
+
+def test_probe_runs_on_a_tiny_llama():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.set_attn_implementation("sdpa")
+    res = probe_start_layer(
+        model, _CharTokenizer(), samples=2, tokens=400, sink=4, window=16, last=16
+    )
+    assert len(res.grad_middle) == 3 and res.tokens > 300
+    # The next-token logit does not depend on the last layer's other rows: its Middle gradient is 0.
+    assert res.grad_middle[-1] == 0.0
+    assert res.grad_last[-1] != 0.0 and res.att_middle[0] > 0.0
+    assert model.config._attn_implementation == "sdpa"
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_suggest_start_layer():
+    assert suggest_start_layer([1.0, 0.8, 0.5, 0.05, 0.01, 0.0]) == 3
+    assert suggest_start_layer([1.0, 0.05, 0.5, 0.0]) == 3
+    assert suggest_start_layer([0.0, 0.0]) == 0
+
+
+def test_kv_prompt_is_seeded_and_contains_answer():
+    a, b = kv_retrieval_prompt(5, 3), kv_retrieval_prompt(5, 3)
+    assert a == b and a.answer in a.prompt and f"key: {a.key}" in a.prompt
+    assert a.prompt.endswith("value:")
+    assert kv_retrieval_prompt(5, 4).answer != a.answer

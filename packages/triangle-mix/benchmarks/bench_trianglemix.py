@@ -1,0 +1,70 @@
+"""End-to-end prefill (TTFT) of a Llama-3.1-8B-shaped model (random bf16 weights): dense (SDPA,
+cuDNN backend) vs TriangleMix (dense below the start layer, triangle from it) on one GPU."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from sparse_kernels.benchmarking import env_info, run_benchmark
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triangle_mix import LayerPolicy
+
+pytestmark = pytest.mark.gpu
+transformers = pytest.importorskip("transformers")
+
+LENGTHS = {"32K": 32768, "64K": 65536, "128K": 131072}
+START = 16  # the paper's decline for Llama-3.1-8B is between layers 10 and 20
+
+
+@functools.cache
+def _model():
+    cfg = transformers.LlamaConfig(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072 + 16,
+        rope_theta=500000.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = transformers.LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(prev)
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def _prefill(model, ids):
+    with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return model(ids, use_cache=False, logits_to_keep=1).logits
+
+
+@pytest.mark.parametrize("method", ["dense", "trianglemix"])
+@pytest.mark.parametrize("length", list(LENGTHS))
+def test_prefill_ttft(benchmark, length, method):
+    from triangle_mix.integrations.hf import apply_triangle_mix
+
+    model = _model()
+    S = LENGTHS[length]
+    ids = torch.randint(
+        0, 128256, (1, S), device="cuda", generator=torch.Generator("cuda").manual_seed(S)
+    )
+    handle = None
+    if method == "trianglemix":
+        handle = apply_triangle_mix(model, LayerPolicy.triangle_from(32, START))
+    try:
+        logits = _prefill(model, ids)
+        assert torch.isfinite(logits).all()
+        torch.cuda.reset_peak_memory_stats()
+        run_benchmark(benchmark, lambda: _prefill(model, ids), rounds=3, warmup_rounds=1)
+    finally:
+        if handle is not None:
+            handle.remove()
+    benchmark.extra_info.update(env_info())
+    benchmark.extra_info.update(
+        method=method, tokens=S, start_layer=START, median_s=benchmark.stats.stats.median,
+        peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
+    )  # fmt: skip

@@ -218,3 +218,35 @@ def test_prefill_only_and_layout_length():
         plan_layer(q, k, Dense())
     with pytest.raises(ValueError, match="expected 12 tokens"):
         plan_layer(k, k, Dense(), TokenLayout.text(11))
+
+
+@pytest.mark.parametrize(
+    "S, stride, phase, vline, slash, blk",
+    [
+        pytest.param(517, 12, 4, True, True, 16, id="S517-s12-p4-b16"),
+        pytest.param(1000, 40, 39, True, False, 32, id="S1000-s40-vline-only"),
+        pytest.param(777, 7, 0, False, True, 16, id="S777-s7-slash-only"),
+        pytest.param(300, 16, 3, False, False, 32, id="diag-only"),
+    ],
+)
+def test_grid_fast_lists_equal_the_block_mask_path(S, stride, phase, vline, slash, blk):
+    from sparse_kernels import grid_permutation
+    from sparse_kernels.permuted.perms import grid_line_offsets
+    from sparse_patterns.plan import grid_block_mask, grid_lists, lists_from_chunks
+
+    st = torch.tensor([stride, stride])
+    ph = torch.tensor([phase, (phase + 5) % stride])
+    perm, _ = grid_permutation(S, st, ph)
+    offs = grid_line_offsets(S, st, ph)
+    f = lambda x: torch.tensor([x, x])  # noqa: E731
+    nb = -(-S // blk)
+    i1, c1 = lists_from_chunks(
+        grid_block_mask(perm, offs, f(False), f(vline), f(slash), S, blk), 2, nb, nb, "cpu"
+    )
+    i2, c2 = grid_lists(perm, offs, f(vline), f(slash), S, blk)
+    assert torch.equal(c1, c2)
+    valid = torch.arange(i1.shape[-1]) < c1[..., None]
+    s1 = torch.sort(torch.where(valid, i1, 1 << 20), -1).values[..., : i2.shape[-1]]
+    valid2 = torch.arange(i2.shape[-1]) < c2[..., None]
+    s2 = torch.sort(torch.where(valid2, i2, 1 << 20), -1).values
+    assert torch.equal(s1, s2)

@@ -48,15 +48,19 @@ def slash_scores(p: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Mass per diagonal offset ``o = i - j`` (``o >= 0``). ``[..., L, S] -> [..., S]``.
 
     ``rows``: the query positions of ``p``'s rows (``[L]``, or ``[M, L]`` matching ``p``).
+    Row ``l`` contributes ``p[l, rows[l] - o]`` to offset ``o``: a reversed slice per row (a
+    loop over the ``L`` approximate rows, vectorised over heads; no ``L x S`` index tensor).
     """
     S = p.shape[-1]
-    j = torch.arange(S, device=p.device)
-    off = rows[..., None] - j  # [(M,) L, S]
-    valid = off >= 0
-    idx = off.clamp_min(0).expand(p.shape)
-    src = torch.where(valid, p, torch.zeros((), dtype=p.dtype, device=p.device))
-    out = torch.zeros(*p.shape[:-2], S, dtype=p.dtype, device=p.device)
-    return out.scatter_add_(-1, idx.flatten(-2), src.flatten(-2))
+    lead = p.shape[: p.ndim - rows.ndim - 1]
+    pr = p.reshape(*lead, -1, S)
+    out = torch.zeros(*lead, *rows.shape[:-1], S, dtype=p.dtype, device=p.device)
+    flat_out = out.reshape(*lead, -1, S)
+    L = rows.shape[-1]
+    for n, r in enumerate(rows.reshape(-1).tolist()):
+        r = min(int(r), S - 1)
+        flat_out[..., n // L, : r + 1] += pr[..., n, : r + 1].flip(-1)
+    return out
 
 
 def topk_indices(scores: torch.Tensor, k: int, *, forced: int = 0) -> torch.Tensor:

@@ -36,6 +36,7 @@ from .plan import (
     BlockPlan,
     element_block_mask,
     grid_block_mask,
+    grid_lists,
     lists_from_chunks,
     lists_from_element_chunks,
     static_block_mask,
@@ -231,8 +232,11 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
         for f in ("use_hline", "use_vline", "use_slash")
     ]
     nb = -(-ctx.S // ctx.block)
-    fn = grid_block_mask(perm, offs, *flags, ctx.S, ctx.block)
-    idx, cnt = lists_from_chunks(fn, N, nb, nb, dev)
+    if bool(flags[0].any()):
+        fn = grid_block_mask(perm, offs, *flags, ctx.S, ctx.block)
+        idx, cnt = lists_from_chunks(fn, N, nb, nb, dev)
+    else:
+        idx, cnt = grid_lists(perm, offs, flags[1], flags[2], ctx.S, ctx.block)
     return idx, cnt, perm, perm, {"stride": stride, "phase": phase}
 
 

@@ -315,3 +315,53 @@ def lists_from_element_chunks(
         [torch.nn.functional.pad(i, (0, maxb - i.shape[-1])) for i in idx_chunks], dim=1
     )
     return idx, torch.cat(cnt_chunks, dim=1)
+
+
+def grid_lists(
+    perm: torch.Tensor,
+    offsets: torch.Tensor,
+    use_vline: torch.Tensor,
+    use_slash: torch.Tensor,
+    S: int,
+    blk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fast path of :func:`grid_block_mask` for heads without horizontal lines: the same block
+    lists, built from the three candidate ranges (vertical line 0, the query block's own lines,
+    the diagonal block) instead of an ``NQB x NKB`` mask, so its cost is
+    ``O(NQB * (line blocks))``, not ``O(NQB * NKB)``."""
+    N = perm.shape[0]
+    nkb = -(-S // blk)
+    dev = perm.device
+    pad = nkb * blk - S
+    kmin = torch.nn.functional.pad(perm.long(), (0, pad), value=S).reshape(N, nkb, blk).amin(-1)
+    qmax = torch.nn.functional.pad(perm.long(), (0, pad), value=-1).reshape(N, nkb, blk).amax(-1)
+    offs = offsets.to(dev)
+    first_r = torch.arange(nkb, device=dev) * blk
+    last_r = torch.clamp(first_r + blk, max=S) - 1
+    c_lo = torch.searchsorted(offs, first_r.expand(N, -1).contiguous(), right=True) - 1
+    c_hi = torch.searchsorted(offs, last_r.expand(N, -1).contiguous(), right=True) - 1
+    s_lo = offs.gather(1, c_lo) // blk  # [N, NQB]
+    s_hi = (offs.gather(1, c_hi + 1) - 1) // blk
+    v_hi = torch.where(use_vline, (offs[:, 1] - 1) // blk, -1)  # [N]
+    s_hi = torch.where(use_slash[:, None], s_hi, s_lo - 1)
+    wv = int(v_hi.max()) + 1
+    ws = int((s_hi - s_lo + 1).max().clamp_min(0))
+    m = torch.arange(nkb, device=dev)[None, :, None]
+    cand_v = torch.arange(wv, device=dev)[None, None, :].expand(N, nkb, wv)
+    ok_v = cand_v <= v_hi[:, None, None]
+    cand_s = s_lo[..., None] + torch.arange(ws, device=dev)[None, None, :]
+    ok_s = (cand_s <= s_hi[..., None]) & (cand_s > v_hi[:, None, None])
+    cand_d = m.expand(N, nkb, 1)
+    ok_d = ~(
+        (cand_d <= v_hi[:, None, None])
+        | ((cand_d >= s_lo[..., None]) & (cand_d <= s_hi[..., None]))
+    )
+    cand = torch.cat([cand_v, cand_s, cand_d], -1).clamp(max=nkb - 1)
+    ok = torch.cat([ok_v, ok_s, ok_d], -1)
+    ok &= kmin.gather(1, cand.reshape(N, -1)).reshape(cand.shape) <= qmax[..., None]
+    cnt = ok.sum(-1)
+    maxb = max(1, int(cnt.max()))
+    order = torch.sort((~ok).to(torch.uint8), dim=-1, stable=True).indices[..., :maxb]
+    idx = cand.gather(-1, order)
+    idx = torch.where(torch.arange(maxb, device=dev) < cnt[..., None], idx, 0)
+    return idx.to(torch.int32), cnt.to(torch.int32)

@@ -34,8 +34,9 @@ def approx_scores(
     s = torch.matmul(qs, k.float()[:, :, None].transpose(-1, -2)) * scale
     s = s.reshape(B, H, flat.numel(), S)
     j = torch.arange(S, device=q.device)
-    s = s.masked_fill(j[None, :] > flat[:, None], float("-inf"))
+    s.masked_fill_(j[None, :] > flat[:, None], float("-inf"))
     p = torch.softmax(s, dim=-1)
+    del s
     return p.reshape(B, H, *rows.shape, S)
 
 

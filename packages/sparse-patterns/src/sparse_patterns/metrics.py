@@ -40,24 +40,32 @@ def recall_many(
     G = H // k.shape[1]
     rows = torch.arange(S, device=q.device) if rows is None else rows
     step = max(1, _CHUNK_ELEMS // max(1, B * H * S))
-    kk = k.float().repeat_interleave(G, dim=1)
-    vv = v.float().repeat_interleave(G, dim=1)
+    H_KV = k.shape[1]
+    # GQA by grouping query heads (K/V are never repeated: at 1M tokens a repeat is 14 GB).
+    kt = k.float()[:, :, None].transpose(-1, -2)  # [B, H_KV, 1, D, S]
+    vv = v.float()[:, :, None]  # [B, H_KV, 1, S, D]
+
+    def grouped(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        R = x.shape[-2]
+        out = torch.matmul(x.reshape(B, H_KV, G, R, x.shape[-1]), y)
+        return out.reshape(B, H, R, out.shape[-1])
+
     mass = [torch.zeros(B, H, device=q.device, dtype=torch.float64) for _ in mask_fns]
     err = [torch.zeros(B, H, device=q.device, dtype=torch.float64) for _ in mask_fns]
     ref = torch.zeros(B, H, device=q.device, dtype=torch.float64)
     j = torch.arange(S, device=q.device)
     for r0 in range(0, rows.numel(), step):
         r = rows[r0 : r0 + step]
-        s = torch.matmul(q[:, :, r].float(), kk.transpose(-1, -2)) * scale
+        s = grouped(q[:, :, r].float(), kt) * scale
         s = s.masked_fill(j[None, :] > r[:, None], float("-inf"))
         p = torch.softmax(s, dim=-1)
-        od = torch.matmul(p, vv)
+        od = grouped(p, vv)
         ref += od.double().pow(2).sum((-1, -2))
         for t, fn in enumerate(mask_fns):
             m = fn(r)
             mass[t] += (p * m).sum(-1).double().sum(-1)
             ps = torch.softmax(s.masked_fill(~m, float("-inf")), dim=-1).nan_to_num(0.0)
-            os_ = torch.matmul(ps, vv)
+            os_ = grouped(ps, vv)
             err[t] += (os_ - od).double().pow(2).sum((-1, -2))
     n = rows.numel()
     out = []

@@ -250,3 +250,34 @@ def test_grid_fast_lists_equal_the_block_mask_path(S, stride, phase, vline, slas
     valid2 = torch.arange(i2.shape[-1]) < c2[..., None]
     s2 = torch.sort(torch.where(valid2, i2, 1 << 20), -1).values
     assert torch.equal(s1, s2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [64, 128], ids=lambda b: f"block{b}")
+def test_layer_gpu_bf16_real_head_shape(block):
+    """Qwen2.5-VL head shape (H=28, H_KV=4, D=128), bf16, S=8195, every pattern and boundary
+    kind in one layer; sampled rows against the float64 masked reference with an error budget."""
+    S = 8195
+    spans = [(0, 700), (2, 3000), (0, 495), (2, 3500), (0, 500)]
+    lay = TokenLayout.from_spans(spans, tokens_per_frame=256, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(1, 28, S, 128, device="cuda", generator=g).bfloat16()
+    k = torch.randn(1, 4, S, 128, device="cuda", generator=g).bfloat16()
+    v = torch.randn(1, 4, S, 128, device="cuda", generator=g).bfloat16()
+    heads = [
+        HeadConfig(Grid()),
+        HeadConfig(VerticalSlash(n_vertical=500, n_slash=500)),
+        HeadConfig(AShape(sink=128, window=1024)),
+        HeadConfig(TriShape(sink=128, window=1024, last=128)),
+        HeadConfig(BlockSparse(top_k=8, block=block)),
+        HeadConfig(SFStrided(local=256, vline_stride=256)),
+        HeadConfig(VerticalSlash(n_vertical=300, n_slash=300), QBoundary()),
+        HeadConfig(VerticalSlash(n_vertical=300, n_slash=300), TwoDBoundary(cross_vertical=128)),
+    ] * 3 + [HeadConfig(Dense())] * 4
+    plan = plan_layer(q, k, heads, lay, block=block)
+    out = plan.run(q, k, v, impl="triton")
+    rows = torch.cat([torch.arange(0, S, 97, device="cuda"), torch.arange(S - 64, S, device="cuda")])
+    m = plan.row_mask(rows)
+    gold = masked_attention_reference(q[:, :, rows], k, v, m, scale=128**-0.5, compute_dtype=torch.float64)
+    low = masked_attention_reference(q[:, :, rows], k, v, m, scale=128**-0.5)
+    assert_close_budget(out.out[:, :, rows], low.out, gold.out, dtype=torch.bfloat16)

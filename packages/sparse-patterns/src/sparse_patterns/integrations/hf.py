@@ -113,9 +113,12 @@ def make_attention_function(
 
 
 def _set_impl(model, name: str) -> None:
+    # A VLM: only its language model gets the function (vision attention has no layer_idx).
+    subs = getattr(model.config, "sub_configs", None) or {}
+    target = {"text_config": name} if "text_config" in subs and name is not None else name
     if hasattr(model, "set_attn_implementation"):
         try:
-            model.set_attn_implementation(name)
+            model.set_attn_implementation(target)
             return
         except (ValueError, TypeError, KeyError):
             pass

@@ -187,11 +187,13 @@ def tiny_qwen2_5_vl_config(*, layers: int = 2, hidden: int = 64):
     temporal patch 2) for CPU tests and offline demos."""
     from transformers import Qwen2_5_VLConfig
 
+    half = hidden // 4 // 2  # head_dim / 2, split into M-RoPE's (t, h, w) sections
+    sections = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
     return Qwen2_5_VLConfig(
         text_config=dict(
             hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=2 * hidden, vocab_size=151936, max_position_embeddings=32768,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections},
         ),
         vision_config=dict(
             depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden,

@@ -1,0 +1,225 @@
+"""App-level wiring of the libraries to HF VLMs: load, build inputs, apply a method, prefill.
+
+Algorithms live in the packages (modality_index, sparse_patterns, triangle_mix); this module
+only connects them to a model and measures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from .errors import EXIT_MEMORY, CliError
+
+SUPPORTED = ("qwen2_5_vl", "qwen2_vl")
+METHODS = ("dense", "mminference", "trianglemix", "mminference+trianglemix")
+
+
+def _tf():
+    import transformers
+
+    return transformers
+
+
+def tiny_demo_model(seed: int = 0):
+    """The demo's tiny random Qwen2.5-VL, built from the config kept in the package."""
+    tf = _tf()
+    text = resources.files("vlm_accel.configs").joinpath("tiny_qwen2_5_vl.json").read_text()
+    cfg = tf.Qwen2_5_VLConfig.from_dict(json.loads(text))
+    torch.manual_seed(seed)
+    model = tf.Qwen2_5_VLForConditionalGeneration(cfg).eval()
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def load_model(path: str | Path, *, device: str, dtype: torch.dtype):
+    """A local checkpoint directory: model and processor (both from the directory)."""
+    tf = _tf()
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CliError(f"--model: {path} is not a checkpoint directory (no config.json)")
+    cfg = tf.AutoConfig.from_pretrained(path)
+    if cfg.model_type not in SUPPORTED:
+        raise CliError(
+            f"--model: model type {cfg.model_type!r} is not supported (supported: {', '.join(SUPPORTED)})"
+        )
+    try:
+        processor = tf.AutoProcessor.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - any processor failure is one user-facing problem
+        raise CliError(
+            f"--model: {path} has no usable processor ({type(e).__name__}: {e})"
+        ) from None
+    cls = (
+        tf.Qwen2_5_VLForConditionalGeneration
+        if cfg.model_type == "qwen2_5_vl"
+        else tf.Qwen2VLForConditionalGeneration
+    )
+    model = cls.from_pretrained(path, dtype=dtype).to(device).eval()
+    model.set_attn_implementation("sdpa")
+    return model, processor
+
+
+def language_model(model):
+    inner = getattr(model, "model", model)
+    return getattr(inner, "language_model", inner)
+
+
+def video_inputs(model, processor, video: str | Path, prompt: str, *, frames: int, max_pixels: int):
+    """Inputs for one video and a question, and its ModalityLayout."""
+    from modality_index.integrations.hf import build_qwen2_5_vl_inputs, decode_video, layout_from_hf
+
+    if not prompt or not prompt.strip():
+        raise CliError("--prompt: expected a question about the video, got an empty prompt")
+    try:
+        clip = decode_video(video, frames)
+    except (FileNotFoundError, ValueError) as e:
+        raise CliError(str(e)) from None
+    if processor is not None:
+        msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": prompt}]}]
+        text = processor.apply_chat_template(msgs, add_generation_prompt=True)
+        inputs = dict(processor(text=[text], videos=[clip], return_tensors="pt"))
+    else:
+        inputs, _ = build_qwen2_5_vl_inputs(model.config, clip, prompt, max_pixels=max_pixels)
+    if "video_grid_thw" not in inputs:
+        raise CliError("the processor produced no video tokens for this prompt")
+    rest = {k: v for k, v in inputs.items() if k != "input_ids"}
+    layout = layout_from_hf(model.config, inputs["input_ids"], **rest)
+    return inputs, layout
+
+
+@dataclass
+class Applied:
+    handles: list
+    layout: object = None
+
+    def context(self):
+        """A fresh context carrying the modality layout; wrap each forward in it."""
+        if self.layout is None:
+            return contextlib.nullcontext()
+        from sparse_patterns.integrations.hf import use_layout
+
+        return use_layout(self.layout)
+
+    def remove(self) -> None:
+        for h in reversed(self.handles):
+            h.remove()
+
+
+def apply_method(model, method: str, *, layout, pattern_config=None, start_layer: int | None = None,
+                 sink: int = 8, window: int = 512, last: int = 128) -> Applied:  # fmt: skip
+    """Switch the language model's attention to ``method``; ``Applied.remove()`` undoes it and
+    ``Applied.context()`` must wrap each forward (it carries the modality layout)."""
+    if method not in METHODS:
+        raise CliError(f"--method: expected one of {', '.join(METHODS)}, got {method!r}")
+    lm = language_model(model)
+    n = lm.config.num_hidden_layers
+    if method == "dense":
+        return Applied([])
+    if "mminference" in method and pattern_config is None:
+        raise CliError(
+            "--method mminference needs --config CFG (write one with `vlm-accel search`)"
+        )
+    if pattern_config is not None and pattern_config.num_layers != n:
+        raise CliError(
+            f"--config: made for a model with {pattern_config.num_layers} layers "
+            f"({pattern_config.model_id}), this model has {n}"
+        )
+    if method == "mminference":
+        from sparse_patterns.integrations.hf import apply_pattern_config
+
+        return Applied([apply_pattern_config(lm, pattern_config)], layout)
+    from triangle_mix import LayerPolicy
+    from triangle_mix.integrations.hf import apply_triangle_mix
+
+    start = n // 2 if start_layer is None else start_layer
+    shape = dict(sink=sink, window=window, last=last)
+    if method == "trianglemix":
+        return Applied(
+            [apply_triangle_mix(lm, LayerPolicy.triangle_from(n, start, **shape))], layout
+        )
+    from sparse_patterns import mminference_attention
+
+    def dynamic(q, k, v, *, layer_idx, scale):
+        return mminference_attention(
+            q, k, v, pattern_config.layers[layer_idx], layout, scale=scale
+        ).out
+
+    pol = LayerPolicy.triangle_from(n, start, shallow="dynamic", **shape)
+    return Applied([apply_triangle_mix(lm, pol, dynamic=dynamic)], layout)
+
+
+@contextlib.contextmanager
+def chunked_mlp(model, chunk: int = 16384):
+    """Run every decoder layer's MLP over the sequence in chunks of ``chunk`` tokens (exact: the
+    MLP acts per token) so 512K-1M token prefills do not hold the full intermediate activation."""
+    lm = language_model(model)
+    saved = []
+    for layer in getattr(lm, "layers", []):
+        mlp = layer.mlp
+        fwd = mlp.forward
+
+        def run(x, _fwd=fwd):
+            if x.dim() != 3 or x.shape[1] <= chunk:
+                return _fwd(x)
+            return torch.cat(
+                [_fwd(x[:, i : i + chunk]) for i in range(0, x.shape[1], chunk)], dim=1
+            )
+
+        mlp.forward = run
+        saved.append((mlp, fwd))
+    try:
+        yield
+    finally:
+        for mlp, fwd in saved:
+            mlp.forward = fwd
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def prefill(model, inputs: dict, applied: Applied | None = None, *, chunk: int | None = None):
+    """One prefill returning ``(last_logits [B, V], seconds, peak_gib or None)``; logits only
+    for the last position. Out of memory becomes a CliError with the length that would fit."""
+    dev = next(model.parameters()).device
+    inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    ctx = applied.context() if applied is not None else contextlib.nullcontext()
+    mlp = chunked_mlp(model, chunk) if chunk else contextlib.nullcontext()
+    S = inputs["input_ids"].shape[1]
+    try:
+        _sync(dev)
+        t0 = time.perf_counter()
+        with torch.no_grad(), ctx, mlp:
+            logits = model(**inputs, use_cache=False, logits_to_keep=1).logits[:, -1]
+        _sync(dev)
+        dt = time.perf_counter() - t0
+    except torch.OutOfMemoryError:
+        free, total = torch.cuda.mem_get_info(dev) if dev.type == "cuda" else (0, 0)
+        fit = _fitting_length(model, total, S)
+        raise CliError(
+            f"out of memory prefilling {S} tokens on {dev}; about {fit} tokens would fit "
+            "(use fewer --frames, a lower --fps, or a GPU with more memory)",
+            EXIT_MEMORY,
+        ) from None
+    peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
+    return logits.float(), dt, peak
+
+
+def _fitting_length(model, total_bytes: int, S: int) -> int:
+    """Tokens whose per-token activations fit beside the weights (hidden, MLP chunk, q/k/v)."""
+    cfg = language_model(model).config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    per_token = 2 * (
+        6 * cfg.hidden_size
+        + 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    )
+    return max(0, int((0.9 * total_bytes - weights) // max(per_token, 1)))

@@ -1,0 +1,142 @@
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from modality_index.integrations.hf import sample_clip_path  # noqa: E402
+from vlm_accel import engine  # noqa: E402
+from vlm_accel.cli import main  # noqa: E402
+from vlm_accel.errors import EXIT_INPUT, EXIT_OK  # noqa: E402
+
+CLIP = str(sample_clip_path())
+BASE = [
+    "--model",
+    "tiny",
+    "--video",
+    CLIP,
+    "--prompt",
+    "What happens?",
+    "--frames",
+    "4",
+    "--device",
+    "cpu",
+]
+
+
+def test_demo_prints_ttft_and_agreement(capsys):
+    assert main(["demo", "--frames", "4", "--max-pixels", "12544"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "dense TTFT" in out and "trianglemix TTFT" in out and "next-token argmax" in out
+
+
+def test_run_dense_and_trianglemix(capsys):
+    assert main(["run", *BASE, "--max-new-tokens", "3"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "answer:" in out and "TTFT" in out and "video" in out
+    assert (
+        main(
+            ["run", *BASE, "--method", "trianglemix", "--start-layer", "2", "--max-new-tokens", "2"]
+        )
+        == EXIT_OK
+    )
+
+
+def test_bench_writes_json_and_png(tmp_path):
+    stem = tmp_path / "bench"
+    assert (
+        main(
+            ["bench", *BASE, "--methods", "dense,trianglemix", "--repeat", "1", "--out", str(stem)]
+        )
+        == EXIT_OK
+    )
+    data = json.loads(stem.with_suffix(".json").read_text())
+    assert [r["method"] for r in data["rows"]] == ["dense", "trianglemix"]
+    assert stem.with_suffix(".png").stat().st_size > 1000
+
+
+def test_search_then_show_and_run_mminference(tmp_path, capsys):
+    cfg = tmp_path / "cfg.json"
+    assert main(["search", *BASE, "--out", str(cfg)]) == EXIT_OK
+    assert json.loads(cfg.read_text())["num_layers"] == 4
+    png = tmp_path / "head.png"
+    assert (
+        main(
+            ["show", *BASE, "--config", str(cfg), "--layer", "1", "--head", "0", "--out", str(png)]
+        )
+        == EXIT_OK
+    )
+    assert png.stat().st_size > 1000
+    assert (
+        main(
+            ["run", *BASE, "--method", "mminference", "--config", str(cfg), "--max-new-tokens", "2"]
+        )
+        == EXIT_OK
+    )
+
+
+def test_chunked_mlp_is_exact():
+    model = engine.tiny_demo_model()
+    inputs, layout = engine.video_inputs(model, None, CLIP, "q", frames=4, max_pixels=12544)
+    a, _, _ = engine.prefill(model, inputs)
+    b, _, _ = engine.prefill(model, inputs, chunk=16)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "argv,code,msg",
+    [
+        pytest.param(
+            ["run", "--model", "tiny", "--video", "/nonexistent.mp4", "--prompt", "q"],
+            EXIT_INPUT,
+            "no such file",
+            id="missing-video",
+        ),
+        pytest.param(
+            ["run", *BASE[:4], "--prompt", " ", "--device", "cpu"],
+            EXIT_INPUT,
+            "empty prompt",
+            id="empty-prompt",
+        ),
+        pytest.param(
+            ["run", *BASE, "--method", "mminference"],
+            EXIT_INPUT,
+            "needs --config",
+            id="mminference-without-config",
+        ),
+        pytest.param(["run", *BASE, "--method", "fast"], EXIT_INPUT, "--method", id="bad-method"),
+        pytest.param(
+            ["run", "--model", "/tmp", "--video", CLIP, "--prompt", "q"],
+            EXIT_INPUT,
+            "not a checkpoint",
+            id="not-a-checkpoint",
+        ),
+    ],
+)
+def test_bad_input_one_line_nonzero(argv, code, msg, capsys):
+    assert main(argv) == code
+    err = capsys.readouterr().err.strip()
+    assert msg in err and len(err.splitlines()) == 1
+
+
+def test_corrupt_video_and_foreign_config(tmp_path, capsys):
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"\x00" * 100)
+    assert (
+        main(["run", "--model", "tiny", "--video", str(bad), "--prompt", "q", "--device", "cpu"])
+        == EXIT_INPUT
+    )
+    from sparse_patterns import Dense, HeadConfig, PatternConfig
+
+    foreign = tmp_path / "other.json"
+    foreign.write_text(
+        PatternConfig("other-model", 30, 4, ((HeadConfig(Dense()),) * 4,) * 30, {}).to_json()
+    )
+    assert main(["run", *BASE, "--method", "mminference", "--config", str(foreign)]) == EXIT_INPUT
+    assert "made for a model with 30 layers" in capsys.readouterr().err
+
+
+def test_frames_below_one_is_a_usage_error():
+    with pytest.raises(SystemExit) as e:
+        main(["run", *BASE[:6], "--frames", "0"])
+    assert e.value.code == 2

@@ -276,8 +276,67 @@ def test_layer_gpu_bf16_real_head_shape(block):
     ] * 3 + [HeadConfig(Dense())] * 4
     plan = plan_layer(q, k, heads, lay, block=block)
     out = plan.run(q, k, v, impl="triton")
-    rows = torch.cat([torch.arange(0, S, 97, device="cuda"), torch.arange(S - 64, S, device="cuda")])
+    rows = torch.cat(
+        [torch.arange(0, S, 97, device="cuda"), torch.arange(S - 64, S, device="cuda")]
+    )
     m = plan.row_mask(rows)
-    gold = masked_attention_reference(q[:, :, rows], k, v, m, scale=128**-0.5, compute_dtype=torch.float64)
+    gold = masked_attention_reference(
+        q[:, :, rows], k, v, m, scale=128**-0.5, compute_dtype=torch.float64
+    )
     low = masked_attention_reference(q[:, :, rows], k, v, m, scale=128**-0.5)
     assert_close_budget(out.out[:, :, rows], low.out, gold.out, dtype=torch.bfloat16)
+
+
+def test_modality_index_layout_is_accepted_and_matches_token_layout():
+    """``modality_index.ModalityLayout`` gives the same plan as the equivalent TokenLayout, and
+    the Q-boundary row order equals its ``perm``."""
+    from modality_index import ModalityLayout
+
+    spans = [(0, 41), (2, 144, 24), (0, 30), (2, 96, 24), (0, 24)]
+    ml = ModalityLayout.from_spans(spans)
+    tl = TokenLayout.from_spans([(m, n) for m, n, *_ in spans], tokens_per_frame=24)
+    g = torch.Generator().manual_seed(9)
+    q, k = torch.randn(1, 8, 335, 64, generator=g), torch.randn(1, 4, 335, 64, generator=g)
+    a = plan_layer(q, k, HEADS, ml, block=32)
+    b = plan_layer(q, k, HEADS, tl, block=32)
+    assert torch.equal(a.kv_block_indices, b.kv_block_indices)
+    assert torch.equal(a.kv_block_counts, b.kv_block_counts)
+    assert torch.equal(a.meta["stride"], b.meta["stride"])
+    assert torch.equal(a.q_perm[0, 6].long(), ml.perm)
+
+
+def _block_mask_case(dev):
+    S = 200
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, S, 64, generator=g).to(dev)
+    k = torch.randn(1, 2, S, 64, generator=g).to(dev)
+    v = torch.randn(1, 2, S, 64, generator=g).to(dev)
+    heads = [
+        HeadConfig(VerticalSlash(n_vertical=10, n_slash=10, last_q=16)),
+        HeadConfig(AShape(4, 40)),
+    ] * 2
+    return q, k, v, plan_layer(q, k, heads, None, block=32)
+
+
+def test_to_block_mask_lists_the_plan_blocks():
+    q, k, v, plan = _block_mask_case("cpu")
+    S = q.shape[2]
+    dense = plan.to_block_mask().to_dense()[..., :7, :7].bool()  # [B, H, NQB, NKB]
+    valid = torch.arange(plan.kv_block_indices.shape[-1]) < plan.kv_block_counts[..., None]
+    want = torch.zeros(1, 4, 7, 8, dtype=torch.bool)
+    want.scatter_(-1, torch.where(valid, plan.kv_block_indices.long(), 7), True)
+    assert torch.equal(dense, want[..., :7])
+    grid = plan_layer(q, k, Grid(stride=8), None, block=32)
+    with pytest.raises(NotImplementedError, match="q_perm"):
+        grid.to_block_mask()
+    del S
+
+
+@pytest.mark.gpu
+def test_to_block_mask_flex_attention_equals_the_plan():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v, plan = _block_mask_case("cuda")
+    out = flex_attention(q, k, v, block_mask=plan.to_block_mask(), enable_gqa=True)
+    want = plan.run(q, k, v, impl="reference").out
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)

@@ -80,6 +80,36 @@ class BlockPlan:
         causal = torch.arange(S, device=dev)[None, :] <= rows[:, None]
         return colp & causal
 
+    def to_block_mask(self):
+        """The plan as a FlexAttention ``BlockMask`` (what ``sparse_kernels.block_sparse_attention``
+        and ``flex_attention`` take), for plans WITHOUT permutations (``mask_mod`` = causal on
+        the block-listed positions). Raises ``NotImplementedError`` for permuted plans."""
+        if self.q_perm is not None or self.kv_perm is not None:
+            ar = torch.arange(self.S, device=self.kv_block_counts.device, dtype=torch.int32)
+            for name, p in (("q_perm", self.q_perm), ("kv_perm", self.kv_perm)):
+                if p is not None and not bool((p == ar).all()):
+                    raise NotImplementedError(
+                        f"to_block_mask: the plan has a non-identity {name} (Grid or boundary "
+                        f"heads); a BlockMask cannot express it, run it with BlockPlan.run"
+                    )
+        from torch.nn.attention.flex_attention import BlockMask
+
+        nkb = -(-self.S // self.block)
+        idx = self.kv_block_indices
+        if idx.shape[-1] < nkb:
+            idx = torch.nn.functional.pad(idx, (0, nkb - idx.shape[-1]))
+
+        def causal(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx
+
+        return BlockMask.from_kv_blocks(
+            self.kv_block_counts.contiguous(),
+            idx.contiguous(),
+            BLOCK_SIZE=(self.block, self.block),
+            mask_mod=causal,
+            seq_lengths=(self.S, self.S),
+        )
+
     def run(self, q, k, v, *, scale: float | None = None, impl: str = "auto"):
         """Execute with ``sparse_kernels.permuted_block_sparse_attention``."""
         from sparse_kernels import permuted_block_sparse_attention

@@ -93,3 +93,18 @@ def test_grid_head_recall_of_attention_mass(stride, phase, tpf, vline, slash):
     ((mass, _),) = recall_many(q, k, v, [plan.row_mask], scale=64**-0.5)
     assert float(mass.min()) >= 0.95, mass
     assert plan.density() < 0.55, plan.density()
+
+
+def test_estimate_vertical_slash_indices_match_the_steps():
+    from sparse_patterns import VerticalSlash, estimate_vertical_slash
+
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 4, 150, 16, generator=g)
+    k = torch.randn(2, 2, 150, 16, generator=g)
+    pat = VerticalSlash(n_vertical=12, n_slash=9, last_q=20, sink=3, local=2)
+    vert, sl = estimate_vertical_slash(q, k, pat)
+    assert vert.shape == (2, 4, 12) and sl.shape == (2, 4, 9) and vert.dtype == torch.int32
+    rows = torch.arange(130, 150)
+    p = E.approx_scores(q, k, rows, scale=0.25)
+    assert torch.equal(vert.long(), E.topk_indices(E.vertical_scores(p), 12, forced=3))
+    assert torch.equal(sl.long(), E.topk_indices(E.slash_scores(p, rows), 9, forced=2))

@@ -2,7 +2,7 @@
 
 from .config import PatternConfig
 from .layout import TokenLayout
-from .mminference import mminference_attention, plan_layer
+from .mminference import estimate_vertical_slash, mminference_attention, plan_layer
 from .patterns import (
     AShape,
     BlockSparse,
@@ -39,6 +39,7 @@ __all__ = [
     "TriShape",
     "TwoDBoundary",
     "VerticalSlash",
+    "estimate_vertical_slash",
     "mminference_attention",
     "plan_layer",
     "search_config",

@@ -515,3 +515,26 @@ def mminference_attention(
     """
     plan = plan_layer(q, k, head_config, layout, block=block, scale=scale)
     return plan.run(q, k, v, scale=scale, impl=impl)
+
+
+def estimate_vertical_slash(
+    q: torch.Tensor, k: torch.Tensor, pattern: VerticalSlash, *, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MInference's online estimation for one Vertical-Slash pattern on every head.
+
+    Returns ``(vertical_indices [B, H, NV], slash_indices [B, H, NS])``, int32, each row sorted
+    ascending (key columns; diagonal offsets ``i - j``), ``NV = min(n_vertical, S)``,
+    ``NS = min(n_slash, S)``: the inputs of ``sparse_kernels.vertical_slash_attention``.
+    """
+    from sparse_kernels._validate import check_scale
+
+    if not isinstance(pattern, VerticalSlash):
+        raise TypeError(f"pattern: expected a VerticalSlash, got {type(pattern).__name__}")
+    B, H, S, D = q.shape
+    scale = check_scale(scale, D)
+    rows = _last_rows(S, pattern.last_q, q.device)
+    p = E.approx_scores(q, k, rows, scale=scale).reshape(B * H, -1, S)
+    vert, sl = _vs_indices(p, rows, [HeadConfig(pattern)], B * H)
+    vert = torch.sort(vert, -1).values.reshape(B, H, -1)
+    sl = torch.sort(sl, -1).values.reshape(B, H, -1)
+    return vert.to(torch.int32), sl.to(torch.int32)

@@ -149,7 +149,9 @@ class _Ctx:
         return self._p_mod[L], rows
 
     def sel(self, t: torch.Tensor, hs: list[int]) -> torch.Tensor:
-        """``[B, H, ...] -> [B * len(hs), ...]`` (b-major)."""
+        """``[B, H, ...] -> [B * len(hs), ...]`` (b-major; no copy when ``hs`` is every head)."""
+        if list(hs) == list(range(t.shape[1])):
+            return t.reshape(-1, *t.shape[2:])
         return t[:, hs].reshape(-1, *t.shape[2:])
 
 
@@ -212,9 +214,10 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
         spaces.setdefault(sp, []).append(n)
     for sp, ns in spaces.items():
         sel = torch.tensor(ns, device=dev)
+        ps = p if len(ns) == N else p[sel]
         if len(sp) == 1:
             s = sp[0]
-            col = E.vertical_scores(p[sel])
+            col = E.vertical_scores(ps)
             n_per = max(1, (ctx.S - s) // s)
             v = (
                 col[..., s : s + n_per * s].reshape(len(ns), n_per, s).mean(-2)
@@ -223,7 +226,7 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
             )
             st, ph = torch.full((len(ns),), s, device=dev), v.argmax(-1)
         else:
-            st, ph, _ = E.search_grid(p[sel], rows, list(sp))
+            st, ph, _ = E.search_grid(ps, rows, list(sp))
         stride[sel], phase[sel] = st, ph
     perm, _ = grid_permutation(ctx.S, stride, phase, device=dev)
     offs = grid_line_offsets(ctx.S, stride, phase, device=dev)

@@ -128,3 +128,23 @@ def test_search_25k_tokens_without_an_s_by_s_matrix():
     grown_gb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 2**20
     assert grown_gb < 1.5, grown_gb
     assert all(isinstance(c.pattern, Grid) for c in chosen)
+
+
+@pytest.mark.gpu
+def test_search_measures_kernel_cost_on_gpu_and_caches_it(tmp_path):
+    from sparse_patterns import CostTable
+
+    q, k, v, lay = _mixed_layer()
+    q, k, v = q.cuda().half(), k.cuda().half(), v.cuda().half()
+    lay = TokenLayout(lay.modality.cuda(), tokens_per_frame=32)
+    table = CostTable(tmp_path / "costs.json")
+    kw = dict(
+        candidates=CANDS, budget_pattern=AShape(sink=64, window=224), block=32, cost_table=table
+    )
+    chosen, info = search_layer(q, k, v, lay, **kw)
+    assert info["cost_model"] == "measured_kernel_ms"
+    n = len(CostTable(tmp_path / "costs.json").table)
+    assert n == info["n_candidates"] + 1  # every candidate + the budget pattern, timed once
+    chosen2, _ = search_layer(q, k, v, lay, **kw)
+    assert len(CostTable(tmp_path / "costs.json").table) == n
+    assert all(c.pattern.kind in ("grid", "vertical_slash", "a_shape") for c in chosen + chosen2)

@@ -266,6 +266,10 @@ def hf_worker(rank: int, world_size: int, *, runs: list[dict]):
         cfg = None
         if run.get("config"):
             cfg = SpavaConfig(num_hosts=world_size, **run["config"])
+        solo = run.get("rank0_alone", False)  # a single-process run inside the group: no collective
+        if solo and rank != 0:
+            out.append((None, None))
+            continue
         r = sharded_generate(
             model,
             inputs,
@@ -273,6 +277,7 @@ def hf_worker(rank: int, world_size: int, *, runs: list[dict]):
             method=run["method"],
             config=cfg,
             max_new_tokens=run.get("new", 4),
+            simulate_hosts=1 if solo else None,
         )
         out.append((r.tokens, r.first_logits))
     return out

@@ -384,6 +384,7 @@ def sharded_generate(
     over ``H`` hosts (the reference the distributed run must match).
     """
     rank, size = world(group)
+    solo = simulate_hosts is not None or size == 1  # no collective at all in this call
     if simulate_hosts is not None:
         rank, size, group = 0, 1, None
     dev = next(model.parameters()).device
@@ -440,7 +441,7 @@ def sharded_generate(
         )
         # the prompt's last token is the last local row on rank 0 for every method
         logits = head(out.last_hidden_state[:, -1:])
-        tok = _agree(logits.argmax(-1), group)
+        tok = _agree(logits.argmax(-1), group, solo)
         first_logits = logits[0, -1].float().cpu()
         sync()
         t_first = time.perf_counter()
@@ -452,7 +453,7 @@ def sharded_generate(
             e = model.get_input_embeddings()(torch.tensor([[tokens[-1]]], device=dev))
             p = torch.full((*pos.shape[:-1], 1), nxt + step, dtype=pos.dtype, device=dev)
             out = lm(inputs_embeds=e, position_ids=p, past_key_values=cache, use_cache=True)
-            tokens.append(int(_agree(head(out.last_hidden_state[:, -1:]).argmax(-1), group)))
+            tokens.append(int(_agree(head(out.last_hidden_state[:, -1:]).argmax(-1), group, solo)))
             beat(f"decode step {step}")
         sync()
         t_end = time.perf_counter()
@@ -470,10 +471,10 @@ def sharded_generate(
     )
 
 
-def _agree(tok: torch.Tensor, group) -> torch.Tensor:
+def _agree(tok: torch.Tensor, group, solo: bool) -> torch.Tensor:
     """Rank 0's token on every rank (rank 0 always holds the prompt's last row)."""
     _, size = world(group)
-    if size == 1:
+    if solo or size == 1:
         return tok.reshape(())
     t = tok.reshape(1).clone()
     src = dist.get_global_rank(group, 0) if group is not None else 0

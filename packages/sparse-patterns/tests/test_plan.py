@@ -340,3 +340,25 @@ def test_to_block_mask_flex_attention_equals_the_plan():
     out = flex_attention(q, k, v, block_mask=plan.to_block_mask(), enable_gqa=True)
     want = plan.run(q, k, v, impl="reference").out
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_one_kernel_launch_per_layer(monkeypatch):
+    """Eight pattern/boundary groups over eight heads: exactly one kernel call for the layer."""
+    import sparse_kernels
+
+    calls = []
+    real = sparse_kernels.permuted_block_sparse_attention
+
+    def counting(*a, **kw):
+        calls.append(kw["kv_block_indices"].shape)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(sparse_kernels, "permuted_block_sparse_attention", counting)
+    S = 335
+    lay = TokenLayout.from_spans(LAYOUT_SPANS, tokens_per_frame=24)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 8, S, 64, generator=g)
+    k = torch.randn(1, 4, S, 64, generator=g)
+    v = torch.randn(1, 4, S, 64, generator=g)
+    mminference_attention(q, k, v, HEADS, lay, block=32)
+    assert len(calls) == 1 and calls[0][:3] == (1, 8, 11)

@@ -362,3 +362,30 @@ def test_one_kernel_launch_per_layer(monkeypatch):
     v = torch.randn(1, 4, S, 64, generator=g)
     mminference_attention(q, k, v, HEADS, lay, block=32)
     assert len(calls) == 1 and calls[0][:3] == (1, 8, 11)
+
+
+def test_two_d_boundary_static_pattern_in_modality_coordinates():
+    """2D-Boundary Tri-shape: same-modality pairs use ranks inside the modality (window and the
+    dense last rows of EACH modality); cross pairs only the estimated top columns (here 0)."""
+    spans = [(0, 40), (2, 64), (0, 40), (2, 64)]
+    lay = TokenLayout.from_spans(spans)
+    S = 208
+    g = torch.Generator().manual_seed(12)
+    q, k = torch.randn(1, 1, S, 16, generator=g), torch.randn(1, 1, S, 16, generator=g)
+    pat = TriShape(sink=2, window=5, last=3)
+    plan = plan_layer(q, k, HeadConfig(pat, TwoDBoundary(cross_vertical=0)), lay, block=1)
+    m = plan.row_mask(torch.arange(S))[0, 0]
+    mod = lay.modality
+    rank = torch.zeros(S, dtype=torch.long)
+    for val in (0, 2):
+        idx = torch.nonzero(mod == val).flatten()
+        rank[idx] = torch.arange(idx.numel())
+    n = torch.bincount(mod)[mod]
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    ri, rj = rank[:, None], rank[None, :]
+    want = (
+        (mod[:, None] == mod[None, :])
+        & ((rj < 2) | (ri - rj < 5) | (ri >= n[:, None] - 3))
+        & (j <= i)
+    )
+    assert torch.equal(m, want)

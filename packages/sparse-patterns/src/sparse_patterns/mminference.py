@@ -282,7 +282,7 @@ def _plan_block_sparse(ctx: _Ctx, hs, cfgs) -> tuple:
 
 
 def _static_element(
-    kind: str, params: dict, i: torch.Tensor, j: torch.Tensor, S: int
+    kind: str, params: dict, i: torch.Tensor, j: torch.Tensor, S: int | torch.Tensor
 ) -> torch.Tensor:
     """Element mask of a static pattern (no causal), ``i`` ``[1 or N, R, 1]``, ``j`` ``[.., S]``."""
     d = i - j
@@ -376,8 +376,10 @@ def _plan_boundary(ctx: _Ctx, hs, cfgs, two_d: bool) -> tuple:
         if kind is not None:
             if two_d:
                 same = mi[None, None, :] == a[None, :, None]
+                # Modality-compacted coordinates: ranks, and the modality's own length.
+                n_a = counts[a][None, :, None]
                 em = (
-                    _static_element(kind, params, rank[r][None, :, None], rank[None, None, :], S)
+                    _static_element(kind, params, rank[r][None, :, None], rank[None, None, :], n_a)
                     & same
                 )
             else:

@@ -82,8 +82,10 @@ class BlockPlan:
 
     def to_block_mask(self):
         """The plan as a FlexAttention ``BlockMask`` (what ``sparse_kernels.block_sparse_attention``
-        and ``flex_attention`` take), for plans WITHOUT permutations (``mask_mod`` = causal on
-        the block-listed positions). Raises ``NotImplementedError`` for permuted plans."""
+        and ``flex_attention`` take), for plans WITHOUT permutations. Its ``mask_mod`` agrees
+        with its block lists (a listed block AND causal, looked up in an ``[B, H, NQB, NKB]``
+        bool table), so eager and compiled ``flex_attention`` both compute the plan exactly.
+        Raises ``NotImplementedError`` for permuted plans."""
         if self.q_perm is not None or self.kv_perm is not None:
             ar = torch.arange(self.S, device=self.kv_block_counts.device, dtype=torch.int32)
             for name, p in (("q_perm", self.q_perm), ("kv_perm", self.kv_perm)):
@@ -98,15 +100,20 @@ class BlockPlan:
         idx = self.kv_block_indices
         if idx.shape[-1] < nkb:
             idx = torch.nn.functional.pad(idx, (0, nkb - idx.shape[-1]))
+        valid = torch.arange(idx.shape[-1], device=idx.device) < self.kv_block_counts[..., None]
+        table = torch.zeros(*idx.shape[:-1], nkb + 1, dtype=torch.bool, device=idx.device)
+        table.scatter_(-1, torch.where(valid, idx.long(), nkb), True)
+        table = table[..., :nkb].contiguous()
+        blk = self.block
 
-        def causal(b, h, q_idx, kv_idx):
-            return kv_idx <= q_idx
+        def listed_causal(b, h, q_idx, kv_idx):
+            return table[b, h, q_idx // blk, kv_idx // blk] & (kv_idx <= q_idx)
 
         return BlockMask.from_kv_blocks(
             self.kv_block_counts.contiguous(),
             idx.contiguous(),
             BLOCK_SIZE=(self.block, self.block),
-            mask_mod=causal,
+            mask_mod=listed_causal,
             seq_lengths=(self.S, self.S),
         )
 

@@ -27,7 +27,7 @@ APPS = {"vlm_accel", "spava_run"}
 
 
 def _sources():
-    for pkg in OURS:
+    for pkg in sorted(OURS):
         for src in ROOT.glob(f"*/*/src/{pkg}"):
             for f in sorted(src.rglob("*.py")):
                 yield pkg, f

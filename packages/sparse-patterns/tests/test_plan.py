@@ -178,11 +178,11 @@ def test_boundary_heads_recover_per_modality_columns(boundary):
     "head, layout, err, match",
     [
         pytest.param(
-            HeadConfig(Grid(), QBoundary()),
+            HeadConfig(Grid(), TwoDBoundary()),
             True,
             NotImplementedError,
-            "Q-Boundary with a Grid",
-            id="grid-qboundary",
+            "2D-Boundary with a Grid",
+            id="grid-2dboundary",
         ),
         pytest.param(
             HeadConfig(BlockSparse(top_k=2), TwoDBoundary()),
@@ -264,16 +264,23 @@ def test_layer_gpu_bf16_real_head_shape(block):
     q = torch.randn(1, 28, S, 128, device="cuda", generator=g).bfloat16()
     k = torch.randn(1, 4, S, 128, device="cuda", generator=g).bfloat16()
     v = torch.randn(1, 4, S, 128, device="cuda", generator=g).bfloat16()
-    heads = [
-        HeadConfig(Grid()),
-        HeadConfig(VerticalSlash(n_vertical=500, n_slash=500)),
-        HeadConfig(AShape(sink=128, window=1024)),
-        HeadConfig(TriShape(sink=128, window=1024, last=128)),
-        HeadConfig(BlockSparse(top_k=8, block=block)),
-        HeadConfig(SFStrided(local=256, vline_stride=256)),
-        HeadConfig(VerticalSlash(n_vertical=300, n_slash=300), QBoundary()),
-        HeadConfig(VerticalSlash(n_vertical=300, n_slash=300), TwoDBoundary(cross_vertical=128)),
-    ] * 3 + [HeadConfig(Dense())] * 4
+    heads = (
+        [
+            HeadConfig(Grid()),
+            HeadConfig(VerticalSlash(n_vertical=500, n_slash=500)),
+            HeadConfig(AShape(sink=128, window=1024)),
+            HeadConfig(TriShape(sink=128, window=1024, last=128)),
+            HeadConfig(BlockSparse(top_k=8, block=block)),
+            HeadConfig(SFStrided(local=256, vline_stride=256)),
+            HeadConfig(VerticalSlash(n_vertical=300, n_slash=300), QBoundary()),
+            HeadConfig(
+                VerticalSlash(n_vertical=300, n_slash=300), TwoDBoundary(cross_vertical=128)
+            ),
+        ]
+        * 3
+        + [HeadConfig(Dense())] * 2
+        + [HeadConfig(Grid(), QBoundary())] * 2
+    )
     plan = plan_layer(q, k, heads, lay, block=block)
     out = plan.run(q, k, v, impl="triton")
     rows = torch.cat(
@@ -398,3 +405,39 @@ def test_two_d_boundary_static_pattern_in_modality_coordinates():
         & (j <= i)
     )
     assert torch.equal(m, want)
+
+
+def test_q_boundary_grid_per_modality_stride_and_phase():
+    """Quality: text rows attend a vertical grid (stride 24, phase 3), video rows another
+    (stride 16, phase 5); the last rows are text. No-Boundary Grid (one stride from the last
+    rows) loses the video rows; Q-Boundary Grid finds each modality's grid: mass recall >= 0.95,
+    and its output equals dense attention under its executed mask."""
+    lay = TokenLayout.from_spans(
+        [(0, 100), (2, 500), (0, 131), (2, 300), (0, 96)], tokens_per_frame=48
+    )
+    S = lay.modality.numel()
+    g = torch.Generator().manual_seed(21)
+    D = 64
+    q = torch.randn(1, 2, S, D, generator=g) * 0.3
+    k = torch.randn(1, 1, S, D, generator=g) * 0.3
+    v = torch.randn(1, 1, S, D, generator=g)
+    amp = (10.0 * D**0.5) ** 0.5
+    i = torch.arange(S)
+    text = lay.modality == 0
+    q[..., text, 1] += amp
+    q[..., ~text, 0] += amp
+    k[..., (i - 5) % 16 == 0, 0] += amp
+    k[..., (i - 3) % 24 == 0, 1] += amp
+    pat = Grid(use_vline=True, use_slash=False)
+    plans = [
+        plan_layer(q, k, HeadConfig(pat, b), lay, block=32) for b in (KBoundary(), QBoundary())
+    ]
+    (m_none, _), (m_q, _) = recall_many(q, k, v, [p.row_mask for p in plans], scale=D**-0.5)
+    assert float(m_q.min()) >= 0.95, m_q
+    assert float(m_none.max()) < 0.9, m_none
+    qb = plans[1]
+    assert torch.equal(qb.meta["stride"], torch.full((1, 2), 16))  # the video grid owns the columns
+    assert torch.equal(qb.meta["phase"], torch.full((1, 2), 5))
+    out = qb.run(q, k, v, impl="reference")
+    ref = masked_attention_reference(q, k, v, qb.row_mask(i), scale=D**-0.5)
+    torch.testing.assert_close(out.out, ref.out, rtol=1e-5, atol=1e-5)

@@ -315,11 +315,14 @@ def _plan_boundary(ctx: _Ctx, hs, cfgs, two_d: bool) -> tuple:
     dev, S, B = ctx.q.device, ctx.S, ctx.B
     pat = cfgs[0].pattern
     kind = _STATIC.get(type(pat))
+    if isinstance(pat, Grid) and not two_d:
+        return _plan_q_boundary_grid(ctx, hs, cfgs)
     if kind is None and not isinstance(pat, VerticalSlash):
         which = "2D-Boundary" if two_d else "Q-Boundary"
+        supported = "VerticalSlash, Dense, AShape, TriShape, SFFixed, SFStrided"
         raise NotImplementedError(
             f"{which} with a {type(pat).__name__} intra-modality pattern is not implemented "
-            f"(supported: VerticalSlash, Dense, AShape, TriShape, SFFixed, SFStrided)"
+            f"(supported: {supported}{'' if two_d else ', Grid'})"
         )
     N = B * len(hs)
     M = ctx.uniq.numel()
@@ -409,6 +412,89 @@ def _plan_boundary(ctx: _Ctx, hs, cfgs, two_d: bool) -> tuple:
     idx, cnt = lists_from_element_chunks(fn, N, S, ctx.block, dev)
     qp = q_perm.expand(N, S)
     return idx, cnt, qp, (qp if two_d else None), {}
+
+
+def _plan_q_boundary_grid(ctx: _Ctx, hs, cfgs) -> tuple:
+    """Q-Boundary Grid head: each modality's stride and phase from its own last queries.
+
+    Rows: modality order, and inside each modality its own grid order ``(i - phase_a) mod
+    stride_a``. Columns: the grid order of the largest non-text modality (the "owner"; the
+    largest modality when all is text). Row ``i`` of modality ``a`` attends, causally: keys
+    ``j = phase_a (mod stride_a)`` (vline), ``j = i (mod stride_a)`` (slash), every key if
+    ``i = phase_a (mod stride_a)`` (hline), and itself. Rows of non-owner modalities follow
+    their own grid, which is not contiguous in the owner's column order (correct, denser).
+    """
+    dev, S, B = ctx.q.device, ctx.S, ctx.B
+    N = B * len(hs)
+    M = ctx.uniq.numel()
+    mi = ctx.mod_index
+    L = max(c.pattern.last_q for c in cfgs)
+    p_all, rows = ctx.p_mod(L)
+    p = ctx.sel(p_all, hs)  # [N, M, L, S]
+    stride = torch.zeros(N, M, dtype=torch.int64, device=dev)
+    phase = torch.zeros(N, M, dtype=torch.int64, device=dev)
+    c0 = cfgs[0].pattern
+    for c in cfgs:
+        if (c.pattern.stride, c.pattern.max_stride) != (c0.stride, c0.max_stride):
+            raise NotImplementedError(
+                "Q-Boundary Grid heads of one layer must share stride / max_stride settings"
+            )
+    space = (
+        [c0.stride]
+        if c0.stride is not None
+        else E.stride_space(ctx.layout.tokens_per_frame, max_stride=c0.max_stride, S=S)
+    )
+    for a in range(M):
+        st, ph, _ = E.search_grid(p[:, a], rows[a], space)
+        stride[:, a], phase[:, a] = st, ph
+    counts = torch.bincount(mi, minlength=M)
+    visual = [a for a in range(M) if int(ctx.uniq[a]) != 0]
+    owner = max(visual or range(M), key=lambda a: int(counts[a]))
+    kv_perm, _ = grid_permutation(S, stride[:, owner], phase[:, owner], device=dev)
+    i = torch.arange(S, device=dev)
+    st_i = stride[:, mi]  # [N, S]
+    ph_i = phase[:, mi]
+    line = torch.remainder(i[None] - ph_i, st_i)
+    key = (mi[None] * S + line) * S + i[None]
+    q_perm = torch.argsort(key, dim=-1).to(torch.int32)
+    flags = {
+        f: torch.tensor([getattr(c.pattern, f) for c in cfgs], device=dev).repeat(B)[:, None, None]
+        for f in ("use_hline", "use_vline", "use_slash")
+    }
+
+    def row_fn(r: torch.Tensor) -> torch.Tensor:  # r: [N, R] original rows
+        ii = r[..., None]
+        j = i[None, None, :]
+        s_r = st_i.gather(1, r)[..., None]
+        p_r = ph_i.gather(1, r)[..., None]
+        em = ii == j
+        em = em | (flags["use_vline"] & (torch.remainder(j - p_r, s_r) == 0))
+        em = em | (flags["use_slash"] & (torch.remainder(ii - j, s_r) == 0))
+        em = em | (flags["use_hline"] & (torch.remainder(ii - p_r, s_r) == 0))
+        return em & (j <= ii)
+
+    fn = _element_block_mask_per_head(row_fn, q_perm, kv_perm, N, S, ctx.block)
+    idx, cnt = lists_from_element_chunks(fn, N, S, ctx.block, dev)
+    meta = {"stride": stride[:, owner], "phase": phase[:, owner]}
+    return idx, cnt, q_perm, kv_perm, meta
+
+
+def _element_block_mask_per_head(row_fn, q_perm, kv_perm, N: int, S: int, blk: int):
+    """As :func:`~sparse_patterns.plan.element_block_mask` with per-head ``[N, S]``
+    permutations; ``row_fn(rows [N, R]) -> bool [N, R, S]``."""
+    nkb = -(-S // blk)
+    pad = nkb * blk - S
+    kvp = kv_perm.long()
+
+    def fn(m0: int, m1: int) -> torch.Tensor:
+        r0, r1 = m0 * blk, min(m1 * blk, S)
+        rows = q_perm[:, r0:r1].long()
+        em = row_fn(rows)
+        em = em.gather(-1, kvp[:, None, :].expand(-1, em.shape[1], -1))
+        em = torch.nn.functional.pad(em, (0, pad, 0, (m1 - m0) * blk - (r1 - r0)))
+        return em.reshape(N, m1 - m0, blk, nkb, blk).any(-1).any(2)
+
+    return fn
 
 
 def _vs_indices_m(p: torch.Tensor, rows: torch.Tensor, cfgs, B: int):

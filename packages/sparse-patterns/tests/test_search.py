@@ -51,8 +51,8 @@ def test_search_layer_picks_grid_and_boundary_heads():
     for h, hi in enumerate(info["heads"]):
         assert hi["cost"] <= info["budget"][h]
         assert hi["output_recall"] > 0.8
-    # 3 intra candidates + (Q, 2D) x 2 best boundary-capable patterns
-    assert info["n_candidates"] == 3 + 4
+    # 3 intra candidates + Q- and 2D-Boundary variants of the 2 best (Grid: Q-Boundary only)
+    assert info["n_candidates"] in (3 + 3, 3 + 4)
 
 
 def test_search_respects_the_budget():

@@ -7,7 +7,7 @@ calibration sample wins. Steps, as in Algorithm 4:
 
 1. intra-modality: Table 3 patterns (Grid, A-shape, Vertical-Slash) with No-Boundary;
 2. cross-modality: the best intra patterns that boundaries support, run as Q-Boundary and
-   2D-Boundary (only when the layout has more than one modality);
+   2D-Boundary (Grid: Q-Boundary only; only when the layout has more than one modality);
 3. inter-modality: per head, the argmin of the output error over all of the above.
 
 Cost model (``cost="auto"``): on CUDA, the measured time of the layer's kernel launch for the
@@ -182,11 +182,14 @@ def search_layer(
     results = evaluate(list(candidates))
     # 2. cross-modality: boundary variants of the best supported intra patterns
     if torch.unique(lay.modality).numel() > 1:
-        ok = [r for r in results if isinstance(r[0].pattern, (VerticalSlash, AShape))]
+        ok = [r for r in results if isinstance(r[0].pattern, (VerticalSlash, AShape, Grid))]
         score = [float(torch.where(r[2] <= budget, r[3][1].mean(0), -1.0).mean()) for r in ok]
         best = [ok[i][0] for i in sorted(range(len(ok)), key=lambda i: -score[i])[:boundary_top]]
         extra = [HeadConfig(b.pattern, QBoundary()) for b in best]
-        extra += [HeadConfig(b.pattern, TwoDBoundary()) for b in best]
+        # 2D-Boundary has no Grid variant.
+        extra += [
+            HeadConfig(b.pattern, TwoDBoundary()) for b in best if not isinstance(b.pattern, Grid)
+        ]
         results += evaluate(extra)
     # 3. inter-modality: per head argmin of output error among affordable candidates
     out_rec = torch.stack([r[3][1].mean(0) for r in results])  # [C, H]

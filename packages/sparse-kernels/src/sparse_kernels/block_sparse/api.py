@@ -1,0 +1,166 @@
+"""Public block-sparse attention op over a FlexAttention ``BlockMask``."""
+
+from __future__ import annotations
+
+import torch
+
+from .._types import AttentionOutput
+from .._validate import check_qkv, check_scale, check_triton_head_dim, resolve_impl
+from .reference import block_sparse_attention_reference
+
+_OP = "block_sparse_attention"
+SUPPORTED_BLOCK_SIZES = (64, 128)
+
+
+def _check_lists(
+    name: str,
+    num: torch.Tensor,
+    idx: torch.Tensor,
+    B: int,
+    H: int,
+    nqb: int,
+    nkb: int,
+    device: torch.device,
+    check_indices: bool,
+) -> None:
+    inum, iidx = f"{name}num_blocks", f"{name}indices"
+    for n, t in ((inum, num), (iidx, idx)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"{_OP}: block_mask.{n}: expected a torch.Tensor, got {type(t).__name__}"
+            )
+        if t.dtype != torch.int32:
+            raise TypeError(f"{_OP}: block_mask.{n}: expected dtype torch.int32, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(
+                f"{_OP}: block_mask.{n}: expected device {device} (q's), got {t.device}"
+            )
+    if num.ndim != 3 or idx.ndim != 4:
+        raise ValueError(
+            f"{_OP}: block_mask.{inum} must be [B, H, NQB] and .{iidx} [B, H, NQB, W], got "
+            f"{tuple(num.shape)} and {tuple(idx.shape)}"
+        )
+    if tuple(num.shape[:3]) != tuple(idx.shape[:3]):
+        raise ValueError(
+            f"{_OP}: block_mask.{inum} {tuple(num.shape)} and .{iidx} {tuple(idx.shape)} "
+            f"disagree on [B, H, NQB]"
+        )
+    Bm, Hm, Q = num.shape
+    if Bm not in (1, B) or Hm not in (1, H):
+        raise ValueError(
+            f"{_OP}: block_mask batch/head sizes must be 1 or match q's (B={B}, H={H}), "
+            f"got {inum} shape {tuple(num.shape)}"
+        )
+    if nqb != Q:
+        raise ValueError(
+            f"{_OP}: block_mask has {Q} query blocks, expected ceil(S_Q / BLOCK_M) = {nqb}"
+        )
+    if not check_indices:
+        return
+    W = idx.shape[-1]
+    if bool(((num < 0) | (num > W)).any()):
+        raise ValueError(
+            f"{_OP}: block_mask.{inum} entries must lie in [0, {W}] (width of .{iidx})"
+        )
+    listed = torch.arange(W, device=idx.device) < num[..., None]
+    bad = listed & ((idx < 0) | (idx >= nkb))
+    if bool(bad.any()):
+        raise ValueError(
+            f"{_OP}: block_mask.{iidx} lists kv blocks outside [0, {nkb}) "
+            f"(ceil(S_KV / BLOCK_N) = {nkb}); first bad value {int(idx[bad][0])}"
+        )
+
+
+def _check_no_duplicates(bm, nkb: int) -> None:
+    lists = [(bm.kv_num_blocks, bm.kv_indices)]
+    if bm.full_kv_num_blocks is not None:
+        lists.append((bm.full_kv_num_blocks, bm.full_kv_indices))
+    shape = torch.broadcast_shapes(*(n.shape for n, _ in lists))
+    count = torch.zeros(*shape, nkb + 1, dtype=torch.int32, device=bm.kv_indices.device)
+    for num, idx in lists:
+        take = torch.arange(idx.shape[-1], device=idx.device) < num[..., None]
+        dst = torch.where(take, idx.to(torch.int64), nkb).expand(*shape, idx.shape[-1])
+        count.scatter_add_(-1, dst, torch.ones_like(dst, dtype=torch.int32))
+    if bool((count[..., :nkb] > 1).any()):
+        raise ValueError(
+            f"{_OP}: a kv block is listed twice for one query block (within a list or in both "
+            f"the partial and the full list); each block may be listed once"
+        )
+
+
+def block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_mask,
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    impl: str = "auto",
+    check_indices: bool = True,
+) -> AttentionOutput:
+    """Block-sparse flash attention over a FlexAttention ``BlockMask``.
+
+    Attended set: query ``i`` attends key ``j`` iff the block ``(i // BLOCK_M, j // BLOCK_N)`` is
+    listed for it (the first ``kv_num_blocks`` entries of ``kv_indices``, "partial", or the first
+    ``full_kv_num_blocks`` entries of ``full_kv_indices``, "full") and, if ``causal``, ``j`` is
+    causally visible: row ``i`` sits at position ``i + S_KV - S_Q`` (DESIGN.md) and sees
+    ``j <= i + S_KV - S_Q``. The mask's ``mask_mod`` is NOT evaluated, so partial and full blocks
+    are attended alike; the kernel applies an element mask only where the causal diagonal or the
+    key bound crosses a tile. A row that attends nothing gets ``out = 0``, ``lse = -inf``.
+    :func:`sparse_kernels.block_sparse.block_mask_to_dense` gives this set as a dense bool mask.
+
+    Args:
+        q: ``[B, H, S_Q, D]``; k, v: ``[B, H_KV, S_KV, D]``, ``H % H_KV == 0`` (GQA native).
+        block_mask: ``torch.nn.attention.flex_attention.BlockMask`` (``create_block_mask`` or
+            ``BlockMask.from_kv_blocks``), on q's device. ``BLOCK_SIZE`` ``(BLOCK_M, BLOCK_N)``
+            each 64 or 128 (they may differ). ``kv_num_blocks`` ``[B', H', ceil(S_Q/BLOCK_M)]``
+            with ``B'`` in ``{1, B}`` and ``H'`` in ``{1, H}`` (size 1 broadcasts: one mask for
+            every batch entry / head), ``kv_indices`` ``[B', H', ceil(S_Q/BLOCK_M), W]``; int32.
+            Listed indices must lie in ``[0, ceil(S_KV/BLOCK_N))``, each block listed at most
+            once per query block. The mask's ``seq_lengths`` are not used (q/k give them).
+        causal: apply the causal rule above on top of the listed blocks.
+        scale: softmax scale, default ``D ** -0.5``.
+        impl: ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``), ``"reference"`` (dense
+            PyTorch over the expanded mask) or ``"auto"`` (triton on CUDA, reference elsewhere).
+        check_indices: verify listed indices are in range and not duplicated (reads the lists
+            on the device and synchronises; pass ``False`` in timed loops over a checked mask).
+
+    Returns:
+        ``AttentionOutput(out, lse)``.
+    """
+    B, H, _, S_Q, S_KV, D = check_qkv(q, k, v)
+    scale = check_scale(scale, D)
+    bs = getattr(block_mask, "BLOCK_SIZE", None)
+    if bs is None or not hasattr(block_mask, "kv_num_blocks"):
+        raise TypeError(
+            f"{_OP}: block_mask: expected a flex_attention BlockMask, got {type(block_mask).__name__}"
+        )
+    BM, BN = (bs, bs) if isinstance(bs, int) else tuple(int(x) for x in bs)
+    if BM not in SUPPORTED_BLOCK_SIZES or BN not in SUPPORTED_BLOCK_SIZES:
+        raise NotImplementedError(
+            f"{_OP}: BLOCK_SIZE {SUPPORTED_BLOCK_SIZES} per side is supported, got ({BM}, {BN})"
+        )
+    nqb, nkb = -(-S_Q // BM), -(-S_KV // BN)
+    _check_lists("kv_", block_mask.kv_num_blocks, block_mask.kv_indices, B, H, nqb, nkb,
+                 q.device, check_indices)  # fmt: skip
+    if (block_mask.full_kv_num_blocks is None) != (block_mask.full_kv_indices is None):
+        raise ValueError(f"{_OP}: block_mask has only one of full_kv_num_blocks/full_kv_indices")
+    if block_mask.full_kv_num_blocks is not None:
+        _check_lists("full_kv_", block_mask.full_kv_num_blocks, block_mask.full_kv_indices,
+                     B, H, nqb, nkb, q.device, check_indices)  # fmt: skip
+    if check_indices:
+        _check_no_duplicates(block_mask, nkb)
+    which = resolve_impl(impl, q.device, _OP)
+    if which == "reference":
+        return block_sparse_attention_reference(q, k, v, block_mask, causal=causal, scale=scale)
+    check_triton_head_dim(D, _OP)
+    from .triton import _launch_block_sparse_fwd
+
+    out, lse = _launch_block_sparse_fwd(
+        q, k, v,
+        block_mask.kv_num_blocks, block_mask.kv_indices,
+        block_mask.full_kv_num_blocks, block_mask.full_kv_indices,
+        block_m=BM, block_n=BN, causal=causal, scale=scale,
+    )  # fmt: skip
+    return AttentionOutput(out, lse)

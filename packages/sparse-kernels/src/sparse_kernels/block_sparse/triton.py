@@ -1,0 +1,249 @@
+"""Block-sparse flash-attention forward over FlexAttention block lists (Triton).
+
+One program computes a TILE_M-row slice of one query block of one (batch, head). It reads the
+block's kv index lists once (full list, then partial list) and walks the listed key blocks in
+TILE_N sub-tiles with the online softmax in fp32. Since ``mask_mod`` is not evaluated, full and
+partial blocks differ only in which list they come from: a sub-tile gets the element mask only
+where it is needed (it crosses the causal diagonal or the key bound); sub-tiles entirely above
+the causal diagonal or past the key bound are skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton.config import block_d, configs, on_interpreter
+from .._triton.inner import _attn_tile_inner
+
+_GPU_CONFIGS = [
+    dict(TILE_M=128, TILE_N=128, num_warps=8, num_stages=3),
+    dict(TILE_M=128, TILE_N=64, num_warps=8, num_stages=3),
+    dict(TILE_M=128, TILE_N=64, num_warps=4, num_stages=3),
+    dict(TILE_M=128, TILE_N=128, num_warps=8, num_stages=2),
+    dict(TILE_M=64, TILE_N=64, num_warps=4, num_stages=3),
+    dict(TILE_M=64, TILE_N=128, num_warps=4, num_stages=2),
+]
+_INTERP_CONFIG = dict(TILE_M=64, TILE_N=64)
+_FP32_CONFIG = dict(TILE_M=64, TILE_N=64)
+
+
+def _prune(configs_, named_args, **kwargs):
+    """Tiles must divide the mask's blocks; fp32 (exact dots) gets one small tile."""
+    args = {**named_args, **kwargs}
+    bm, bn = args["MASK_BM"], args["MASK_BN"]
+    if on_interpreter():
+        return configs_
+    if named_args["q_ptr"].dtype == torch.float32:
+        return [triton.Config(dict(_FP32_CONFIG), num_warps=4, num_stages=1)]
+    keep = [c for c in configs_ if c.kwargs["TILE_M"] <= bm and c.kwargs["TILE_N"] <= bn]
+    return keep or [triton.Config(dict(_FP32_CONFIG), num_warps=4, num_stages=2)]
+
+
+@triton.jit
+def _walk_list(
+    acc, l_i, m_i, q, k_base, v_base, idx_base, n_blocks,
+    stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+    q_pos, first_pos, last_pos, offs_n, offs_d, S_KV, qk_scale,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, MASK_BN: tl.constexpr, TILE_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    for t in range(0, n_blocks):
+        kb = tl.load(idx_base + t).to(tl.int64)
+        for sub in range(0, MASK_BN, TILE_N):
+            start_n = kb * MASK_BN + sub
+            live = start_n < S_KV
+            if IS_CAUSAL:
+                live = live & (start_n <= last_pos)
+            if live:
+                needs = start_n + TILE_N > S_KV
+                if IS_CAUSAL:
+                    needs = needs | (start_n + TILE_N - 1 > first_pos)
+                if needs:
+                    acc, l_i, m_i = _attn_tile_inner(
+                        acc,
+                        l_i,
+                        m_i,
+                        q,
+                        k_base,
+                        v_base,
+                        stride_k_s,
+                        stride_k_d,
+                        stride_v_s,
+                        stride_v_d,
+                        q_pos,
+                        offs_n,
+                        offs_d,
+                        start_n,
+                        start_n + TILE_N,
+                        S_KV,
+                        qk_scale,
+                        0,
+                        0,
+                        D,
+                        BLOCK_D,
+                        TILE_N,
+                        True,
+                        IS_CAUSAL,
+                        False,
+                        IEEE,
+                    )
+                else:
+                    acc, l_i, m_i = _attn_tile_inner(
+                        acc,
+                        l_i,
+                        m_i,
+                        q,
+                        k_base,
+                        v_base,
+                        stride_k_s,
+                        stride_k_d,
+                        stride_v_s,
+                        stride_v_d,
+                        q_pos,
+                        offs_n,
+                        offs_d,
+                        start_n,
+                        start_n + TILE_N,
+                        S_KV,
+                        qk_scale,
+                        0,
+                        0,
+                        D,
+                        BLOCK_D,
+                        TILE_N,
+                        False,
+                        IS_CAUSAL,
+                        False,
+                        IEEE,
+                    )
+    return acc, l_i, m_i
+
+
+@triton.autotune(
+    configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
+    key=["D", "IS_CAUSAL", "IEEE", "MASK_BM", "MASK_BN", "HAS_FULL"],
+    prune_configs_by={"early_config_prune": _prune},
+)
+@triton.jit
+def _block_sparse_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
+    num_ptr, idx_ptr, fnum_ptr, fidx_ptr,
+    stride_q_b, stride_q_h, stride_q_s, stride_q_d,
+    stride_k_b, stride_k_h, stride_k_s, stride_k_d,
+    stride_v_b, stride_v_h, stride_v_s, stride_v_d,
+    stride_o_b, stride_o_h, stride_o_s, stride_o_d,
+    stride_n_b, stride_n_h, stride_n_m,
+    stride_i_b, stride_i_h, stride_i_m,
+    stride_fn_b, stride_fn_h, stride_fn_m,
+    stride_fi_b, stride_fi_h, stride_fi_m,
+    H, GROUP, S_Q, S_KV, sm_scale,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    HAS_FULL: tl.constexpr, MASK_BM: tl.constexpr, MASK_BN: tl.constexpr,
+    TILE_M: tl.constexpr, TILE_N: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    h_kv = h // GROUP
+    mblk = (pid_m // (MASK_BM // TILE_M)).to(tl.int64)
+    row0 = pid_m * TILE_M
+
+    offs_m = row0 + tl.arange(0, TILE_M)
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < S_Q
+    d_ok = offs_d < D
+
+    q_ptrs = (
+        q_ptr + b * stride_q_b + h * stride_q_h
+        + offs_m[:, None].to(tl.int64) * stride_q_s + offs_d[None, :] * stride_q_d
+    )  # fmt: skip
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    k_base = k_ptr + b * stride_k_b + h_kv * stride_k_h
+    v_base = v_ptr + b * stride_v_b + h_kv * stride_v_h
+
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([TILE_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([TILE_M], tl.float32)
+    acc = tl.zeros([TILE_M, BLOCK_D], tl.float32)
+
+    # DESIGN.md alignment: row i sits at position i + S_KV - S_Q.
+    q_pos = offs_m + (S_KV - S_Q)
+    first_pos = row0 + (S_KV - S_Q)
+    last_pos = tl.minimum(row0 + TILE_M, S_Q) - 1 + (S_KV - S_Q)
+
+    if HAS_FULL:
+        n_full = tl.load(fnum_ptr + b * stride_fn_b + h * stride_fn_h + mblk * stride_fn_m)
+        fidx_base = fidx_ptr + b * stride_fi_b + h * stride_fi_h + mblk * stride_fi_m
+        acc, l_i, m_i = _walk_list(
+            acc, l_i, m_i, q, k_base, v_base, fidx_base, n_full,
+            stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, first_pos, last_pos, offs_n, offs_d, S_KV, qk_scale,
+            D, BLOCK_D, MASK_BN, TILE_N, IS_CAUSAL, IEEE,
+        )  # fmt: skip
+    n_part = tl.load(num_ptr + b * stride_n_b + h * stride_n_h + mblk * stride_n_m)
+    idx_base = idx_ptr + b * stride_i_b + h * stride_i_h + mblk * stride_i_m
+    acc, l_i, m_i = _walk_list(
+        acc, l_i, m_i, q, k_base, v_base, idx_base, n_part,
+        stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+        q_pos, first_pos, last_pos, offs_n, offs_d, S_KV, qk_scale,
+        D, BLOCK_D, MASK_BN, TILE_N, IS_CAUSAL, IEEE,
+    )  # fmt: skip
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    o_ptrs = (
+        out_ptr + b * stride_o_b + h * stride_o_h
+        + offs_m[:, None].to(tl.int64) * stride_o_s + offs_d[None, :] * stride_o_d
+    )  # fmt: skip
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + bh.to(tl.int64) * S_Q + offs_m, lse, mask=row_ok)
+
+
+def _bcast_strides(t: torch.Tensor, n: int) -> list[int]:
+    """Strides of the first ``n`` dims, 0 where a batch/head dim of size 1 is broadcast."""
+    return [0 if (i < 2 and t.shape[i] == 1) else t.stride(i) for i in range(n)]
+
+
+def _launch_block_sparse_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_num_blocks: torch.Tensor,
+    kv_indices: torch.Tensor,
+    full_kv_num_blocks: torch.Tensor | None,
+    full_kv_indices: torch.Tensor | None,
+    *,
+    block_m: int,
+    block_n: int,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    B, H, S_Q, D = q.shape
+    H_KV, S_KV = k.shape[1], k.shape[2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
+    has_full = full_kv_num_blocks is not None
+    if not has_full:
+        full_kv_num_blocks, full_kv_indices = kv_num_blocks, kv_indices
+    nqb = -(-S_Q // block_m)
+
+    def grid(meta):
+        return (nqb * (block_m // meta["TILE_M"]), B * H)
+
+    _block_sparse_fwd_kernel[grid](
+        q, k, v, out, lse,
+        kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *_bcast_strides(kv_num_blocks, 3), *_bcast_strides(kv_indices, 3),
+        *_bcast_strides(full_kv_num_blocks, 3), *_bcast_strides(full_kv_indices, 3),
+        H, H // H_KV, S_Q, S_KV, scale,
+        D=D, BLOCK_D=block_d(D), IS_CAUSAL=bool(causal), IEEE=q.dtype == torch.float32,
+        HAS_FULL=has_full, MASK_BM=block_m, MASK_BN=block_n,
+    )  # fmt: skip
+    return out, lse

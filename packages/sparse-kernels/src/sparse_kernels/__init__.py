@@ -5,17 +5,27 @@ Layout ``[B, H, S, D]``; GQA handled natively; every op returns ``AttentionOutpu
 
 from ._types import AttentionOutput
 from .attention import attention
+from .block_sparse import block_sparse_attention
 from .merge import merge_attention
 from .permuted import grid_permutation, permuted_block_sparse_attention
 from .triangle import a_shape_attention, triangle_attention
+from .vertical_slash import (
+    VerticalSlashIndex,
+    build_vertical_slash_index,
+    vertical_slash_attention,
+)
 
 __all__ = [
     "AttentionOutput",
+    "VerticalSlashIndex",
     "a_shape_attention",
     "attention",
+    "block_sparse_attention",
+    "build_vertical_slash_index",
     "grid_permutation",
     "merge_attention",
     "permuted_block_sparse_attention",
     "triangle_attention",
+    "vertical_slash_attention",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,246 @@
+"""Vertical-slash index build: indices -> per-query-block key-block ranges + leftover columns.
+
+Runs on the indices' device with torch ops, every (batch, head) at once (no per-head loop).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+_OP = "build_vertical_slash_index"
+SUPPORTED_BLOCKS = (64, 128)
+
+
+@dataclass(frozen=True)
+class VerticalSlashIndex:
+    """What the vertical-slash kernel executes, per (batch, head, query block ``m``).
+
+    Attributes:
+        seq_len, block_m, block_n: ``S`` and the tile sizes (query rows / key columns per block).
+        range_count: ``[B, H, NQB]`` int32, number of key-block ranges of each query block.
+        range_start, range_end: ``[B, H, NQB, R]`` int32, ranges ``[start, end)`` of key-block
+            indices (merged: disjoint, ascending, non-adjacent); entries past ``range_count`` are
+            padding. These tiles are computed densely (causal mask on the diagonal).
+        column_count: ``[B, H, NQB]`` int32, number of leftover vertical columns.
+        columns: ``[B, H, NQB, C]`` int32, ascending key columns ``j`` with ``j <= last row of the
+            block`` that are not inside a range; entries past ``column_count`` are padding.
+    """
+
+    seq_len: int
+    block_m: int
+    block_n: int
+    range_count: torch.Tensor
+    range_start: torch.Tensor
+    range_end: torch.Tensor
+    column_count: torch.Tensor
+    columns: torch.Tensor
+
+    def tile_mask(self) -> torch.Tensor:
+        """``[B, H, NQB, NKB]`` bool: the key blocks covered by the ranges."""
+        nkb = -(-self.seq_len // self.block_n)
+        n = torch.arange(nkb, device=self.range_start.device)
+        R = self.range_start.shape[-1]
+        valid = torch.arange(R, device=n.device) < self.range_count[..., None]
+        s, e = self.range_start[..., None], self.range_end[..., None]
+        inside = (n >= s) & (n < e) & valid[..., None]
+        return inside.any(dim=-2)
+
+    def to_dense(self) -> torch.Tensor:
+        """``[B, H, S, S]`` bool: the exact attended set this index executes (causal)."""
+        S, BM, BN = self.seq_len, self.block_m, self.block_n
+        tiles = self.tile_mask()
+        dense = tiles.repeat_interleave(BM, dim=2).repeat_interleave(BN, dim=3)[..., :S, :S]
+        C = self.columns.shape[-1]
+        valid = torch.arange(C, device=tiles.device) < self.column_count[..., None]
+        cols = torch.zeros(*tiles.shape[:3], S + 1, dtype=torch.bool, device=tiles.device)
+        cols.scatter_(-1, torch.where(valid, self.columns.to(torch.int64), S), True)
+        dense = dense | cols[..., :S].repeat_interleave(BM, dim=2)[..., :S, :]
+        causal = torch.ones(S, S, dtype=torch.bool, device=tiles.device).tril()
+        return dense & causal
+
+    def to_block_mask(self):
+        """FlexAttention ``BlockMask`` with the same attended set (for comparisons).
+
+        Range tiles entirely below the diagonal are full blocks; diagonal range tiles and blocks
+        holding leftover columns are partial, with a ``mask_mod`` that evaluates the exact set.
+        """
+        from torch.nn.attention.flex_attention import BlockMask
+
+        S, BM, BN = self.seq_len, self.block_m, self.block_n
+        dev = self.range_start.device
+        B, H, nqb = self.range_count.shape
+        nkb = -(-S // BN)
+        tiles = self.tile_mask()
+        C = self.columns.shape[-1]
+        valid = torch.arange(C, device=dev) < self.column_count[..., None]
+        colblk = torch.zeros(B, H, nqb, nkb + 1, dtype=torch.bool, device=dev)
+        colblk.scatter_(-1, torch.where(valid, self.columns.to(torch.int64) // BN, nkb), True)
+        colblk = colblk[..., :nkb]
+        m = torch.arange(nqb, device=dev)[:, None]
+        n = torch.arange(nkb, device=dev)[None, :]
+        below = ((n + 1) * BN - 1 <= m * BM) & ((n + 1) * BN <= S)
+        full = tiles & below
+        part = (tiles | colblk) & ~full
+        vert = torch.zeros(B, H, S + 1, dtype=torch.bool, device=dev)
+        # a leftover column of any query block is a vertical of the head
+        vert.scatter_(
+            -1, torch.where(valid, self.columns.to(torch.int64), S).reshape(B, H, -1), True
+        )
+        vert = vert[..., :S]
+
+        def lists(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            num = sel.sum(-1).to(torch.int32)
+            idx = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+            return num, idx
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            in_tile = tiles[b, h, q_idx // BM, kv_idx // BN]
+            return (kv_idx <= q_idx) & (in_tile | vert[b, h, kv_idx])
+
+        pn, pi = lists(part)
+        fn, fi = lists(full)
+        return BlockMask.from_kv_blocks(
+            pn, pi, fn, fi, BLOCK_SIZE=(BM, BN), mask_mod=mask_mod, seq_lengths=(S, S)
+        )
+
+
+def _check_indices(t: object, name: str, B: int, H: int, S: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: expected dtype torch.int32 or torch.int64, got {t.dtype}")
+    if t.ndim != 3 or t.shape[0] != B or t.shape[1] != H:
+        raise ValueError(f"{name}: expected shape [B={B}, H={H}, N], got {tuple(t.shape)}")
+    if t.numel() > 0:
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= S:
+            raise ValueError(
+                f"{name}: entries must lie in [0, {S}) (S = seq_len), got [{lo}, {hi}]"
+            )
+        if t.shape[-1] > 1 and bool((t[..., 1:] <= t[..., :-1]).any()):
+            raise ValueError(
+                f"{name}: each row must be sorted strictly ascending (no duplicates); "
+                f"sort with torch.sort(..., dim=-1) and drop repeats"
+            )
+    return t
+
+
+def build_vertical_slash_index(
+    vertical_indices: torch.Tensor,
+    slash_indices: torch.Tensor,
+    *,
+    seq_len: int,
+    block_m: int = 64,
+    block_n: int = 64,
+) -> VerticalSlashIndex:
+    """Convert MInference vertical/slash indices to the block ranges + columns the kernel runs.
+
+    Attended set (causal, ``S = seq_len``): query ``i`` attends key ``j <= i`` iff
+    (a) ``j`` is in ``vertical_indices[b, h]``, or (b) some slash offset ``o`` in
+    ``slash_indices[b, h]`` has its diagonal ``{(r, r - o)}`` pass through the tile
+    ``(i // block_m, j // block_n)``, i.e. some row ``r`` of query block ``i // block_m`` has
+    ``r - o`` inside key block ``j // block_n``. So every slash is rounded up to whole
+    ``block_m x block_n`` tiles along its diagonal (about ``block_m + block_n - 1`` keys per row
+    instead of 1); verticals stay single columns (or fall inside a computed tile).
+
+    Args:
+        vertical_indices: ``[B, H, NV]`` int32/int64 key columns in ``[0, S)``, each row strictly
+            ascending.
+        slash_indices: ``[B, H, NS]`` int32/int64 diagonal offsets ``i - j`` in ``[0, S)``, each
+            row strictly ascending.
+        seq_len: ``S``; block_m, block_n: 64 or 128.
+
+    Returns:
+        :class:`VerticalSlashIndex` on the indices' device. Synchronises once (sizes of the
+        padded range/column tensors).
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
+        raise ValueError(f"{_OP}: seq_len: expected a positive int, got {seq_len!r}")
+    for nm, bsz in (("block_m", block_m), ("block_n", block_n)):
+        if bsz not in SUPPORTED_BLOCKS:
+            raise NotImplementedError(f"{_OP}: {nm} must be one of {SUPPORTED_BLOCKS}, got {bsz!r}")
+    if not isinstance(vertical_indices, torch.Tensor):
+        raise TypeError(
+            f"vertical_indices: expected a torch.Tensor, got {type(vertical_indices).__name__}"
+        )
+    if vertical_indices.ndim != 3:
+        raise ValueError(
+            f"vertical_indices: expected shape [B, H, NV], got {tuple(vertical_indices.shape)}"
+        )
+    B, H = vertical_indices.shape[:2]
+    _check_indices(vertical_indices, "vertical_indices", B, H, seq_len)
+    _check_indices(slash_indices, "slash_indices", B, H, seq_len)
+    if slash_indices.device != vertical_indices.device:
+        raise ValueError(
+            f"{_OP}: vertical_indices and slash_indices must be on one device, got "
+            f"{vertical_indices.device} and {slash_indices.device}"
+        )
+    S, BM, BN = seq_len, block_m, block_n
+    dev = vertical_indices.device
+    N = B * H
+    nqb, nkb = -(-S // BM), -(-S // BN)
+    sl = slash_indices.reshape(N, -1).to(torch.int64).contiguous()
+
+    def any_slash(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """``[N, L]``: some slash offset lies in ``[lo, hi]`` (``lo``/``hi`` ``[L]``)."""
+        L = lo.shape[0]
+        if sl.shape[1] == 0:
+            return torch.zeros(N, L, dtype=torch.bool, device=dev)
+        a = torch.searchsorted(sl, lo.expand(N, L).contiguous(), right=False)
+        b = torch.searchsorted(sl, hi.expand(N, L).contiguous(), right=True)
+        return (b > a) & (hi >= 0)
+
+    # A full-height tile (m, n) is crossed by diagonal o iff o lies in
+    # [max(0, t - BN + 1), t + BM - 1] with t = m*BM - n*BN: one lookup per distinct t.
+    g = math.gcd(BM, BN)
+    tmin = -(nkb - 1) * BN
+    ts = torch.arange(tmin, (nqb - 1) * BM + 1, g, device=dev)
+    cov_t = any_slash((ts - BN + 1).clamp_min(0), ts + BM - 1)
+    m = torch.arange(nqb, device=dev)
+    n = torch.arange(nkb, device=dev)
+    tidx = ((m[:, None] * BM - n[None, :] * BN - tmin) // g).reshape(-1)
+    cov = cov_t[:, tidx].reshape(N, nqb, nkb)
+    # The last query block may be short (rows up to S - 1 only): exact lookup for it.
+    c0 = n * BN
+    cov[:, -1, :] = any_slash(((nqb - 1) * BM - c0 - BN + 1).clamp_min(0), S - 1 - c0)
+
+    prev = torch.nn.functional.pad(cov[..., :-1], (1, 0))
+    nxt = torch.nn.functional.pad(cov[..., 1:], (0, 1))
+    starts = cov & ~prev
+    ends = cov & ~nxt
+    range_count = starts.sum(-1, dtype=torch.int32)
+
+    v = vertical_indices.reshape(N, -1).to(torch.int64)
+    NV = v.shape[1]
+    last_row = (torch.clamp((m + 1) * BM, max=S) - 1)[None, :, None]
+    if NV > 0:
+        in_tile = torch.gather(cov, 2, (v // BN)[:, None, :].expand(N, nqb, NV))
+        keep = ~in_tile & (v[:, None, :] <= last_row)
+    else:
+        keep = torch.zeros(N, nqb, 0, dtype=torch.bool, device=dev)
+    column_count = keep.sum(-1, dtype=torch.int32)
+
+    sizes = torch.stack([range_count.max(), column_count.max()]).tolist()
+    R, C = (max(int(x), 1) for x in sizes)
+    key = torch.where(starts, n.to(torch.int32), nkb).to(torch.int32)
+    range_start = torch.topk(key, min(R, nkb), dim=-1, largest=False, sorted=True).values
+    key = torch.where(ends, n.to(torch.int32) + 1, nkb + 1).to(torch.int32)
+    range_end = torch.topk(key, min(R, nkb), dim=-1, largest=False, sorted=True).values
+    if NV > 0:
+        key = torch.where(keep, v[:, None, :], S).to(torch.int32)
+        columns = torch.topk(key, min(C, NV), dim=-1, largest=False, sorted=True).values
+    else:
+        columns = torch.zeros(N, nqb, 1, dtype=torch.int32, device=dev)
+    return VerticalSlashIndex(
+        seq_len=S,
+        block_m=BM,
+        block_n=BN,
+        range_count=range_count.reshape(B, H, nqb),
+        range_start=range_start.reshape(B, H, nqb, -1).contiguous(),
+        range_end=range_end.reshape(B, H, nqb, -1).contiguous(),
+        column_count=column_count.reshape(B, H, nqb),
+        columns=columns.reshape(B, H, nqb, -1).contiguous(),
+    )

@@ -1,0 +1,149 @@
+"""Vertical-slash flash-attention forward (Triton), one launch for every (batch, head).
+
+One program per (query block, batch * head), heaviest (last) query blocks first. It walks the
+block's merged key-block ranges as dense tiles (no element mask strictly below the diagonal,
+causal mask on the diagonal tiles), then the leftover vertical columns, gathered BLOCK_N at a
+time through their indices (loaded once per chunk) with the causal mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton.config import block_d, configs
+from .._triton.inner import _attn_tile_inner
+
+_GPU_CONFIGS = [
+    dict(num_warps=4, num_stages=2),
+    dict(num_warps=4, num_stages=3),
+    dict(num_warps=8, num_stages=2),
+    dict(num_warps=8, num_stages=3),
+]
+
+
+@triton.autotune(
+    configs=configs(_GPU_CONFIGS, {}),
+    key=["D", "IEEE", "BLOCK_M", "BLOCK_N"],
+)
+@triton.jit
+def _vertical_slash_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
+    rcount_ptr, rstart_ptr, rend_ptr, ccount_ptr, cols_ptr,
+    stride_q_b, stride_q_h, stride_q_s, stride_q_d,
+    stride_k_b, stride_k_h, stride_k_s, stride_k_d,
+    stride_v_b, stride_v_h, stride_v_s, stride_v_d,
+    stride_o_b, stride_o_h, stride_o_s, stride_o_d,
+    R, C, H, GROUP, S, sm_scale,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    h_kv = h // GROUP
+    row = bh.to(tl.int64) * tl.num_programs(0) + start_m  # (b, h, m) row of the index tensors
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < S
+    d_ok = offs_d < D
+
+    q_ptrs = (
+        q_ptr + b * stride_q_b + h * stride_q_h
+        + offs_m[:, None].to(tl.int64) * stride_q_s + offs_d[None, :] * stride_q_d
+    )  # fmt: skip
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    k_base = k_ptr + b * stride_k_b + h_kv * stride_k_h
+    v_base = v_ptr + b * stride_v_b + h_kv * stride_v_h
+
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    q_pos = offs_m
+    # Keys [0, full_hi) are visible to every row of the tile (and in bounds).
+    full_hi = tl.minimum(start_m * BLOCK_M + 1, S) // BLOCK_N * BLOCK_N
+
+    n_ranges = tl.load(rcount_ptr + row)
+    for r in range(0, n_ranges):
+        lo = tl.load(rstart_ptr + row * R + r) * BLOCK_N
+        hi = tl.minimum(tl.load(rend_ptr + row * R + r) * BLOCK_N, S)
+        mid = tl.maximum(tl.minimum(hi, full_hi), lo)
+        acc, l_i, m_i = _attn_tile_inner(
+            acc, l_i, m_i, q, k_base, v_base,
+            stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, offs_n, offs_d, lo, mid, S, qk_scale, 0, 0,
+            D, BLOCK_D, BLOCK_N, False, True, False, IEEE,
+        )  # fmt: skip
+        acc, l_i, m_i = _attn_tile_inner(
+            acc, l_i, m_i, q, k_base, v_base,
+            stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, offs_n, offs_d, mid, hi, S, qk_scale, 0, 0,
+            D, BLOCK_D, BLOCK_N, True, True, False, IEEE,
+        )  # fmt: skip
+
+    n_cols = tl.load(ccount_ptr + row)
+    for c0 in range(0, n_cols, BLOCK_N):
+        c_ok = c0 + offs_n < n_cols
+        cols = tl.load(cols_ptr + row * C + c0 + offs_n, mask=c_ok, other=0).to(tl.int64)
+        k = tl.load(
+            k_base + cols[None, :] * stride_k_s + offs_d[:, None] * stride_k_d,
+            mask=c_ok[None, :] & d_ok[:, None], other=0.0,
+        )  # fmt: skip
+        v = tl.load(
+            v_base + cols[:, None] * stride_v_s + offs_d[None, :] * stride_v_d,
+            mask=c_ok[:, None] & d_ok[None, :], other=0.0,
+        )  # fmt: skip
+        if IEEE:
+            qk = tl.dot(q, k, input_precision="ieee")
+        else:
+            qk = tl.dot(q, k)
+        keep = c_ok[None, :] & (cols[None, :] <= q_pos[:, None])
+        qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc = tl.dot(p, v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    o_ptrs = (
+        out_ptr + b * stride_o_b + h * stride_o_h
+        + offs_m[:, None].to(tl.int64) * stride_o_s + offs_d[None, :] * stride_o_d
+    )  # fmt: skip
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + bh.to(tl.int64) * S + offs_m, lse, mask=row_ok)
+
+
+def _launch_vertical_slash_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index, *, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    B, H, S, D = q.shape
+    H_KV = k.shape[1]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, S), dtype=torch.float32, device=q.device)
+    nqb = -(-S // index.block_m)
+    rs, re = index.range_start.contiguous(), index.range_end.contiguous()
+    cols = index.columns.contiguous()
+    _vertical_slash_fwd_kernel[(nqb, B * H)](
+        q, k, v, out, lse,
+        index.range_count.contiguous(), rs, re, index.column_count.contiguous(), cols,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        rs.shape[-1], cols.shape[-1], H, H // H_KV, S, scale,
+        D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32,
+        BLOCK_M=index.block_m, BLOCK_N=index.block_n,
+    )  # fmt: skip
+    return out, lse

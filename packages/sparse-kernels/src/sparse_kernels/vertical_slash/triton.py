@@ -70,8 +70,8 @@ def _vertical_slash_fwd_kernel(
 
     n_ranges = tl.load(rcount_ptr + row)
     for r in range(0, n_ranges):
-        lo = tl.load(rstart_ptr + row * R + r) * BLOCK_N
-        hi = tl.minimum(tl.load(rend_ptr + row * R + r) * BLOCK_N, S)
+        lo = tl.load(rstart_ptr + row * R + r).to(tl.int64) * BLOCK_N
+        hi = tl.minimum(tl.load(rend_ptr + row * R + r).to(tl.int64) * BLOCK_N, S)
         mid = tl.maximum(tl.minimum(hi, full_hi), lo)
         acc, l_i, m_i = _attn_tile_inner(
             acc, l_i, m_i, q, k_base, v_base,

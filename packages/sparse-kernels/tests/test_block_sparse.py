@@ -74,6 +74,14 @@ def test_block_mask_from_create_block_mask_ignores_mask_mod():
     blocks_touched = (i // 64 * 64 - (j // 64 * 64 + 63) < 100) & (j <= i)
     # A block is listed iff some element of it is in the window: within 100 of the block corner.
     assert torch.equal(dense[0, 0], blocks_touched)
+    # The kernel reads create_block_mask's lists (full and partial) the same way.
+    q, k, v = make_qkv(1, 2, 1, 300, 300, 64, dtype=torch.float32, device="cpu", seed=8)
+    bm = bm.to(DEV)
+    q, k, v = q.to(DEV), k.to(DEV), v.to(DEV)
+    res = block_sparse_attention(q, k, v, bm, impl="triton")
+    gold = block_sparse_attention_reference(q, k, v, bm, compute_dtype=torch.float64)
+    low = block_sparse_attention_reference(q, k, v, bm)
+    assert_close_budget(res.out, low.out, gold.out, name="out")
 
 
 def _run(B, H, H_KV, S_Q, S_KV, D, BM, BN, Bm, Hm, causal, dtype, density=0.5, seed=0):

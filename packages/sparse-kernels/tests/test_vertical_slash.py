@@ -114,7 +114,7 @@ def test_to_block_mask_has_the_same_attended_set():
 CASES = [
     pytest.param(1, 2, 2, 1, 64, 64, 64, 1, 1, id="S1-D64-b64"),
     pytest.param(1, 4, 1, 97, 64, 64, 64, 5, 8, id="S97-D64-b64-gqa4"),
-    pytest.param(2, 7, 1, 300, 128, 128, 64, 10, 7, id="S300-D128-b128x64-gqa7"),
+    pytest.param(1, 7, 1, 300, 128, 128, 64, 10, 7, id="S300-D128-b128x64-gqa7"),
     pytest.param(1, 2, 2, 300, 80, 64, 128, 12, 9, id="S300-D80-b64x128"),
     pytest.param(1, 2, 1, 1025, 64, 64, 64, 40, 70, id="S1025-D64-b64-local64"),
 ]

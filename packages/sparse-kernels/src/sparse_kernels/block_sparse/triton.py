@@ -2,10 +2,10 @@
 
 One program computes a TILE_M-row slice of one query block of one (batch, head). It reads the
 block's kv index lists once (full list, then partial list) and walks the listed key blocks in
-TILE_N sub-tiles with the online softmax in fp32. Since ``mask_mod`` is not evaluated, full and
-partial blocks differ only in which list they come from: a sub-tile gets the element mask only
-where it is needed (it crosses the causal diagonal or the key bound); sub-tiles entirely above
-the causal diagonal or past the key bound are skipped.
+TILE_N sub-tiles with the online softmax in fp32, in one flat loop per list (so the compiler can
+pipeline the K/V loads). Since ``mask_mod`` is not evaluated, full and partial blocks differ only
+in which list they come from: a sub-tile gets the element mask only where it is needed (it
+crosses the causal diagonal or the key bound).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import triton
 import triton.language as tl
 
 from .._triton.config import block_d, configs, on_interpreter
-from .._triton.inner import _attn_tile_inner
 
 _GPU_CONFIGS = [
     dict(TILE_M=128, TILE_N=128, num_warps=8, num_stages=3),
@@ -45,79 +44,52 @@ def _prune(configs_, named_args, **kwargs):
 def _walk_list(
     acc, l_i, m_i, q, k_base, v_base, idx_base, n_blocks,
     stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-    q_pos, first_pos, last_pos, offs_n, offs_d, S_KV, qk_scale,
+    q_pos, first_pos, offs_n, offs_d, S_KV, qk_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, MASK_BN: tl.constexpr, TILE_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    for t in range(0, n_blocks):
-        kb = tl.load(idx_base + t).to(tl.int64)
-        for sub in range(0, MASK_BN, TILE_N):
-            start_n = kb * MASK_BN + sub
-            live = start_n < S_KV
+    """Online softmax over the listed kv blocks, one flat (software-pipelined) loop over their
+    TILE_N sub-tiles. The element mask is applied only to sub-tiles that cross the causal
+    diagonal or the key end."""
+    SPLIT = MASK_BN // TILE_N
+    d_ok = offs_d < D
+    for t in range(0, n_blocks * SPLIT):
+        kb = tl.load(idx_base + t // SPLIT).to(tl.int64)
+        start_n = kb * MASK_BN + (t % SPLIT) * TILE_N
+        cols = start_n + offs_n
+        col_ok = cols < S_KV
+        k = tl.load(
+            k_base + cols[None, :] * stride_k_s + offs_d[:, None] * stride_k_d,
+            mask=col_ok[None, :] & d_ok[:, None], other=0.0,
+        )  # fmt: skip
+        v = tl.load(
+            v_base + cols[:, None] * stride_v_s + offs_d[None, :] * stride_v_d,
+            mask=col_ok[:, None] & d_ok[None, :], other=0.0,
+        )  # fmt: skip
+        if IEEE:
+            qk = tl.dot(q, k, input_precision="ieee")
+        else:
+            qk = tl.dot(q, k)
+        needs = start_n + TILE_N > S_KV
+        if IS_CAUSAL:
+            needs = needs | (start_n + TILE_N - 1 > first_pos)
+        if needs:
+            keep = col_ok[None, :]
             if IS_CAUSAL:
-                live = live & (start_n <= last_pos)
-            if live:
-                needs = start_n + TILE_N > S_KV
-                if IS_CAUSAL:
-                    needs = needs | (start_n + TILE_N - 1 > first_pos)
-                if needs:
-                    acc, l_i, m_i = _attn_tile_inner(
-                        acc,
-                        l_i,
-                        m_i,
-                        q,
-                        k_base,
-                        v_base,
-                        stride_k_s,
-                        stride_k_d,
-                        stride_v_s,
-                        stride_v_d,
-                        q_pos,
-                        offs_n,
-                        offs_d,
-                        start_n,
-                        start_n + TILE_N,
-                        S_KV,
-                        qk_scale,
-                        0,
-                        0,
-                        D,
-                        BLOCK_D,
-                        TILE_N,
-                        True,
-                        IS_CAUSAL,
-                        False,
-                        IEEE,
-                    )
-                else:
-                    acc, l_i, m_i = _attn_tile_inner(
-                        acc,
-                        l_i,
-                        m_i,
-                        q,
-                        k_base,
-                        v_base,
-                        stride_k_s,
-                        stride_k_d,
-                        stride_v_s,
-                        stride_v_d,
-                        q_pos,
-                        offs_n,
-                        offs_d,
-                        start_n,
-                        start_n + TILE_N,
-                        S_KV,
-                        qk_scale,
-                        0,
-                        0,
-                        D,
-                        BLOCK_D,
-                        TILE_N,
-                        False,
-                        IS_CAUSAL,
-                        False,
-                        IEEE,
-                    )
+                keep = keep & (cols[None, :] <= q_pos[:, None])
+            qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        # A row that has seen no key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc = tl.dot(p, v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -173,7 +145,6 @@ def _block_sparse_fwd_kernel(
     # DESIGN.md alignment: row i sits at position i + S_KV - S_Q.
     q_pos = offs_m + (S_KV - S_Q)
     first_pos = row0 + (S_KV - S_Q)
-    last_pos = tl.minimum(row0 + TILE_M, S_Q) - 1 + (S_KV - S_Q)
 
     if HAS_FULL:
         n_full = tl.load(fnum_ptr + b * stride_fn_b + h * stride_fn_h + mblk * stride_fn_m)
@@ -181,7 +152,7 @@ def _block_sparse_fwd_kernel(
         acc, l_i, m_i = _walk_list(
             acc, l_i, m_i, q, k_base, v_base, fidx_base, n_full,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-            q_pos, first_pos, last_pos, offs_n, offs_d, S_KV, qk_scale,
+            q_pos, first_pos, offs_n, offs_d, S_KV, qk_scale,
             D, BLOCK_D, MASK_BN, TILE_N, IS_CAUSAL, IEEE,
         )  # fmt: skip
     n_part = tl.load(num_ptr + b * stride_n_b + h * stride_n_h + mblk * stride_n_m)
@@ -189,7 +160,7 @@ def _block_sparse_fwd_kernel(
     acc, l_i, m_i = _walk_list(
         acc, l_i, m_i, q, k_base, v_base, idx_base, n_part,
         stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-        q_pos, first_pos, last_pos, offs_n, offs_d, S_KV, qk_scale,
+        q_pos, first_pos, offs_n, offs_d, S_KV, qk_scale,
         D, BLOCK_D, MASK_BN, TILE_N, IS_CAUSAL, IEEE,
     )  # fmt: skip
 

@@ -154,15 +154,23 @@ def apply_method(model, method: str, *, layout, pattern_config=None, start_layer
     return Applied([apply_triangle_mix(lm, pol, dynamic=dynamic)], layout)
 
 
+_PER_TOKEN = ("mlp", "input_layernorm", "post_attention_layernorm")
+
+
 @contextlib.contextmanager
 def chunked_mlp(model, chunk: int = 16384):
-    """Run every decoder layer's MLP over the sequence in chunks of ``chunk`` tokens (exact: the
-    MLP acts per token) so 512K-1M token prefills do not hold the full intermediate activation."""
+    """Run every decoder layer's MLP and RMSNorms (and the final norm) over the sequence in
+    chunks of ``chunk`` tokens. Exact: these act on each token alone, so 512K-1M token prefills
+    do not hold the full fp32 norm or MLP intermediate activations."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise CliError(f"--mlp-chunk: expected an integer >= 1, got {chunk!r}")
     lm = language_model(model)
+    mods = [getattr(layer, n) for layer in getattr(lm, "layers", []) for n in _PER_TOKEN]
+    if getattr(lm, "norm", None) is not None:
+        mods.append(lm.norm)
     saved = []
-    for layer in getattr(lm, "layers", []):
-        mlp = layer.mlp
-        fwd = mlp.forward
+    for mod in mods:
+        fwd = mod.forward
 
         def run(x, _fwd=fwd):
             if x.dim() != 3 or x.shape[1] <= chunk:
@@ -171,13 +179,13 @@ def chunked_mlp(model, chunk: int = 16384):
                 [_fwd(x[:, i : i + chunk]) for i in range(0, x.shape[1], chunk)], dim=1
             )
 
-        mlp.forward = run
-        saved.append((mlp, fwd))
+        mod.forward = run
+        saved.append((mod, fwd))
     try:
         yield
     finally:
-        for mlp, fwd in saved:
-            mlp.forward = fwd
+        for mod, fwd in saved:
+            mod.forward = fwd
 
 
 def _sync(device) -> None:

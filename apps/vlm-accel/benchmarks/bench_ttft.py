@@ -1,0 +1,309 @@
+"""TTFT of a Qwen2.5-VL-7B-shaped language model on long video: dense vs MMInference vs
+MMInference + TriangleMix, with the time split by part (attention, MLP, estimation).
+
+Model: the Qwen2.5-VL-7B language model's shape (28 layers, hidden 3584, H=28, H_KV=4, D=128,
+MLP 18944), random bf16 weights (seeded). The vision encoder is skipped: the video embeddings
+are given directly (``inputs_embeds``, random), with M-RoPE position ids ``[3, 1, S]``.
+Layout: 64 text tokens, the video (256 tokens per frame: 448x448 frames after the 2x2 merge),
+64 text tokens. MLPs and norms run in chunks (exact; see ``vlm_accel.engine.chunked_mlp``).
+
+Methods:
+- ``dense``: HF SDPA attention under the cuDNN backend.
+- ``mminference``: every layer runs ``sparse_patterns.plan_layer`` + ``BlockPlan.run`` with a
+  fixed head mix (random weights make a search meaningless): per KV group of 7 heads, 4 Grid
+  (stride = tokens per frame), 2 Vertical-Slash, 1 A-shape.
+- ``mminference+trianglemix``: the same below layer 14, triangle attention from it
+  (sink 128, window 4096, last 128; last layer last-row only as in triangle_mix).
+
+Run (one GPU; a 1M dense prefill takes minutes, so give lengths per call if a call is capped):
+
+    python apps/vlm-accel/benchmarks/bench_ttft.py --lengths 128K,256K --out ttft-a.json
+    python apps/vlm-accel/benchmarks/bench_ttft.py --lengths 512K --out ttft-b.json
+    python apps/vlm-accel/benchmarks/bench_ttft.py --lengths 1M --out ttft-c.json
+
+``--smoke`` runs the same code on the CPU at a tiny shape (a dry run of the logic, not a result).
+Output JSON: one row per (length, method): ``ttft_s`` (median of ``--repeat`` timed prefills after
+one warm-up), ``parts_ms`` (attention, estimation, mlp, other; from CUDA events in one extra
+prefill), ``peak_gib``, and the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+LENGTHS = {"128K": 131072, "256K": 262144, "512K": 524288, "1M": 1048576}
+METHODS = ("dense", "mminference", "mminference+trianglemix")
+TEXT = 64
+TPF = 256
+FULL = dict(layers=28, hidden=3584, heads=28, kv_heads=4, mlp=18944, tpf=256, start=14)
+SMOKE = dict(layers=4, hidden=128, heads=4, kv_heads=2, mlp=256, tpf=32, start=2)
+
+
+def _model(dims: dict, device: str, dtype: torch.dtype):
+    import transformers
+
+    cfg = transformers.Qwen2_5_VLTextConfig(
+        vocab_size=152064, hidden_size=dims["hidden"], intermediate_size=dims["mlp"],
+        num_hidden_layers=dims["layers"], num_attention_heads=dims["heads"],
+        num_key_value_heads=dims["kv_heads"], max_position_embeddings=1 << 21,
+        rope_theta=1e6, rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}
+        if dims["hidden"] // dims["heads"] == 128 else {"type": "mrope", "mrope_section": [4, 6, 6]},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = transformers.Qwen2_5_VLTextModel(cfg).eval()
+    finally:
+        torch.set_default_dtype(prev)
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def _layout(S: int, tpf: int, device: str):
+    from sparse_patterns import TokenLayout
+
+    mod = torch.full((S,), 2, dtype=torch.long, device=device)
+    mod[:TEXT] = 0
+    mod[S - TEXT :] = 0
+    return TokenLayout(mod, tokens_per_frame=tpf)
+
+
+def _positions(S: int, tpf: int, device: str) -> torch.Tensor:
+    """M-RoPE ids [3, 1, S]: text advances all three; video uses (frame, row, column)."""
+    side = int(tpf**0.5)
+    pos = torch.empty(3, S, dtype=torch.long, device=device)
+    pos[:, :TEXT] = torch.arange(TEXT, device=device)
+    n = S - 2 * TEXT
+    i = torch.arange(n, device=device)
+    f, r, c = i // tpf, (i % tpf) // side, i % side
+    pos[0, TEXT : S - TEXT] = TEXT + f
+    pos[1, TEXT : S - TEXT] = TEXT + r
+    pos[2, TEXT : S - TEXT] = TEXT + c
+    start = int(pos[:, : S - TEXT].max()) + 1
+    pos[:, S - TEXT :] = start + torch.arange(TEXT, device=device)
+    return pos[:, None]
+
+
+def _head_mix(heads: int, kv_heads: int, tpf: int):
+    from sparse_patterns import AShape, Grid, HeadConfig, VerticalSlash
+
+    group = heads // kv_heads
+    mix = []
+    for h in range(heads):
+        j = h % group
+        if j < (4 * group) // 7 or group < 3:
+            mix.append(HeadConfig(Grid(stride=tpf)))
+        elif j < group - 1:
+            mix.append(HeadConfig(VerticalSlash(n_vertical=1000, n_slash=1024)))
+        else:
+            mix.append(HeadConfig(AShape(sink=128, window=4096)))
+    return tuple(mix)
+
+
+class _Timer:
+    """Sums event-timed intervals per part (CUDA events on GPU, wall clock on CPU)."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+        self.pairs: dict[str, list] = {}
+        self.on = False
+
+    def start(self, part: str):
+        if not self.on:
+            return None
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return (part, e)
+        return (part, time.perf_counter())
+
+    def stop(self, tok) -> None:
+        if tok is None:
+            return
+        part, t0 = tok
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.pairs.setdefault(part, []).append((t0, e))
+        else:
+            self.pairs.setdefault(part, []).append((t0, time.perf_counter()))
+
+    def totals_ms(self) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return {p: sum(a.elapsed_time(b) for a, b in v) for p, v in self.pairs.items()}
+        return {p: sum(b - a for a, b in v) * 1e3 for p, v in self.pairs.items()}
+
+
+def _hook_parts(model, timer: _Timer):
+    hooks = []
+    for layer in model.layers:
+        for name, part in (("self_attn", "attention"), ("mlp", "mlp")):
+            mod = getattr(layer, name)
+            state = {}
+
+            def pre(_m, _a, _part=part, _s=state):
+                _s["tok"] = timer.start(_part)
+
+            def post(_m, _a, _o, _s=state):
+                timer.stop(_s.pop("tok", None))
+
+            hooks.append(mod.register_forward_pre_hook(pre))
+            hooks.append(mod.register_forward_hook(post))
+    return hooks
+
+
+def _apply(model, method: str, dims: dict, layout, timer: _Timer):
+    from sparse_patterns import plan_layer
+    from triangle_mix import LayerPolicy
+    from triangle_mix.integrations.hf import apply_triangle_mix
+
+    if method == "dense":
+        return None
+    heads = _head_mix(dims["heads"], dims["kv_heads"], dims["tpf"])
+
+    def dynamic(q, k, v, *, layer_idx, scale):
+        tok = timer.start("estimation")
+        plan = plan_layer(q, k, heads, layout, scale=scale)
+        timer.stop(tok)
+        return plan.run(q, k, v, scale=scale).out
+
+    n = dims["layers"]
+    if method == "mminference":
+        pol = LayerPolicy(("dynamic",) * n)
+    else:
+        pol = LayerPolicy.triangle_from(n, dims["start"], shallow="dynamic", sink=128,
+                                        window=4096, last=128)  # fmt: skip
+    return apply_triangle_mix(model, pol, dynamic=dynamic)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _prefill(model, embeds, pos, chunk: int):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from vlm_accel.engine import chunked_mlp
+
+    backends = [SDPBackend.CUDNN_ATTENTION] if embeds.is_cuda else [SDPBackend.MATH]
+    with torch.no_grad(), sdpa_kernel(backends), chunked_mlp(model, chunk):
+        h = model(inputs_embeds=embeds, position_ids=pos, use_cache=False).last_hidden_state
+    return h[:, -1]
+
+
+def bench(lengths, methods, *, device: str, dims: dict, repeat: int, chunk: int) -> list[dict]:
+    from sparse_kernels.benchmarking import env_info
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = _model(dims, device, dtype)
+    info = env_info()
+    rows = []
+    for name, S in lengths:
+        g = torch.Generator(device).manual_seed(S)
+        embeds = torch.randn(1, S, dims["hidden"], device=device, dtype=dtype, generator=g)
+        pos = _positions(S, dims["tpf"], device)
+        layout = _layout(S, dims["tpf"], device)
+        ref = None
+        for method in methods:
+            timer = _Timer(device)
+            handle = _apply(model, method, dims, layout, timer)
+            try:
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
+                try:
+                    last = _prefill(model, embeds, pos, chunk)  # warm-up + correctness check
+                except torch.OutOfMemoryError:
+                    rows.append({"length": name, "tokens": S, "method": method, "error": "OOM"})
+                    print(f"{name:>5s} {method:26s} out of memory", flush=True)
+                    continue
+                if not torch.isfinite(last).all():
+                    raise RuntimeError(f"{method} at {name}: non-finite output")
+                ref = last.float() if ref is None else ref
+                times = []
+                for _ in range(repeat):
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    _prefill(model, embeds, pos, chunk)
+                    _sync(device)
+                    times.append(time.perf_counter() - t0)
+                hooks = _hook_parts(model, timer)
+                timer.on = True
+                _sync(device)
+                t0 = time.perf_counter()
+                _prefill(model, embeds, pos, chunk)
+                _sync(device)
+                total_ms = (time.perf_counter() - t0) * 1e3
+                timer.on = False
+                for hk in hooks:
+                    hk.remove()
+                parts = timer.totals_ms()
+                parts["attention"] = parts.get("attention", 0.0) - parts.get("estimation", 0.0)
+                parts["other"] = total_ms - sum(parts.values())
+                peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+            finally:
+                if handle is not None:
+                    handle.remove()
+            cos = torch.nn.functional.cosine_similarity(last.float(), ref, dim=-1).item()
+            rows.append({
+                "length": name, "tokens": S, "method": method,
+                "ttft_s": statistics.median(times), "times_s": times,
+                "parts_ms": {k: round(v, 3) for k, v in sorted(parts.items())},
+                "peak_gib": peak, "last_hidden_cosine_vs_first_method": cos,
+            })  # fmt: skip
+            print(f"{name:>5s} {method:26s} TTFT {rows[-1]['ttft_s']:9.3f} s  parts(ms) "
+                  f"{rows[-1]['parts_ms']}", flush=True)  # fmt: skip
+        del embeds, pos, layout
+    for r in rows:
+        base = next((x for x in rows if x["length"] == r["length"] and x["method"] == "dense"
+                     and "ttft_s" in x), None)  # fmt: skip
+        if base is not None and "ttft_s" in r:
+            r["speedup_vs_dense"] = base["ttft_s"] / r["ttft_s"]
+    return [dict(r, env=info) for r in rows]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", default="128K,256K,512K,1M", help=f"of {', '.join(LENGTHS)}")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"of {', '.join(METHODS)}")
+    p.add_argument("--repeat", type=int, default=1, help="timed prefills per row (median)")
+    p.add_argument("--mlp-chunk", type=int, default=32768)
+    p.add_argument("--smoke", action="store_true", help="tiny shape on the CPU (dry run)")
+    p.add_argument("--out", default="bench_ttft.json")
+    a = p.parse_args(argv)
+    methods = a.methods.split(",")
+    for m in methods:
+        if m not in METHODS:
+            p.error(f"--methods: expected some of {', '.join(METHODS)}, got {m!r}")
+    if a.smoke:
+        lengths, dims, device = [("smoke-1K", 1024)], SMOKE, "cpu"
+    else:
+        if not torch.cuda.is_available():
+            p.error("needs a CUDA GPU (or --smoke)")
+        bad = [x for x in a.lengths.split(",") if x not in LENGTHS]
+        if bad:
+            p.error(f"--lengths: expected some of {', '.join(LENGTHS)}, got {bad}")
+        lengths, dims, device = [(x, LENGTHS[x]) for x in a.lengths.split(",")], FULL, "cuda"
+    rows = bench(lengths, methods, device=device, dims=dims, repeat=a.repeat, chunk=a.mlp_chunk)
+    out = Path(a.out)
+    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"rows": rows}, f, indent=1)
+    os.replace(tmp, out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

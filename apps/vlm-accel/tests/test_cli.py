@@ -140,3 +140,78 @@ def test_frames_below_one_is_a_usage_error():
     with pytest.raises(SystemExit) as e:
         main(["run", *BASE[:6], "--frames", "0"])
     assert e.value.code == 2
+
+
+def _logits(model, inputs, applied=None):
+    with torch.no_grad(), applied.context() if applied else torch.no_grad():
+        return model(**inputs, use_cache=False).logits
+
+
+def test_dense_policies_equal_unpatched_exactly():
+    """The all-dense TriangleMix policy and an all-Dense pattern config reproduce the unpatched
+    model bit for bit; after remove() the model is unpatched again."""
+    from sparse_patterns import Dense, HeadConfig, PatternConfig
+
+    model = engine.tiny_demo_model()
+    inputs, layout = engine.video_inputs(model, None, CLIP, "q", frames=4, max_pixels=12544)
+    n = engine.language_model(model).config.num_hidden_layers
+    H = engine.language_model(model).config.num_attention_heads
+    ref = _logits(model, inputs)
+    dense_cfg = PatternConfig("tiny", n, H, ((HeadConfig(Dense()),) * H,) * n, {})
+    for method, kw in [
+        ("dense", {}),
+        ("trianglemix", {"start_layer": n}),
+        ("mminference", {"pattern_config": dense_cfg}),
+    ]:
+        applied = engine.apply_method(model, method, layout=layout, **kw)
+        try:
+            got = _logits(model, inputs, applied)
+        finally:
+            applied.remove()
+        assert torch.equal(got, ref), method
+    assert torch.equal(_logits(model, inputs), ref)
+
+
+def test_chunked_norms_and_mlp_restored_and_bad_chunk():
+    model = engine.tiny_demo_model()
+    lm = engine.language_model(model)
+    before = lm.layers[0].input_layernorm.forward
+    with engine.chunked_mlp(model, 7):
+        assert lm.layers[0].input_layernorm.forward is not before
+        x = torch.randn(1, 23, lm.config.hidden_size, generator=torch.Generator().manual_seed(1))
+        torch.testing.assert_close(lm.norm(x), before.__self__.__class__.forward(lm.norm, x))
+    assert lm.layers[0].input_layernorm.forward == before
+    from vlm_accel.errors import CliError
+
+    with pytest.raises(CliError, match="--mlp-chunk"), engine.chunked_mlp(model, 0):
+        pass
+
+
+@pytest.mark.slow
+def test_bench_ttft_smoke(tmp_path):
+    """The GPU benchmark's logic end to end at a tiny CPU shape."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "bench_ttft.py"
+    spec = importlib.util.spec_from_file_location("bench_ttft", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "t.json"
+    assert mod.main(["--smoke", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["method"] for r in rows] == list(mod.METHODS)
+    assert all(r["last_hidden_cosine_vs_first_method"] > 0.99 for r in rows)
+
+
+def test_video_inputs_carry_mm_token_type_ids_for_mrope():
+    """Without mm_token_type_ids transformers 5.x uses 1-D positions for the video; the inputs
+    must mark every video token (2) and nothing else, and the logits depend on it."""
+    model = engine.tiny_demo_model()
+    inputs, layout = engine.video_inputs(model, None, CLIP, "q", frames=4, max_pixels=12544)
+    vid = inputs["input_ids"] == model.config.video_token_id
+    assert torch.equal(inputs["mm_token_type_ids"] == 2, vid)
+    assert int(vid.sum()) == layout.counts()[2]
+    with_mm = _logits(model, inputs)
+    without = _logits(model, {k: v for k, v in inputs.items() if k != "mm_token_type_ids"})
+    assert not torch.allclose(with_mm, without)

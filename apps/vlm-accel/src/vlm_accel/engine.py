@@ -88,6 +88,15 @@ def video_inputs(model, processor, video: str | Path, prompt: str, *, frames: in
         inputs, _ = build_qwen2_5_vl_inputs(model.config, clip, prompt, max_pixels=max_pixels)
     if "video_grid_thw" not in inputs:
         raise CliError("the processor produced no video tokens for this prompt")
+    if inputs.get("mm_token_type_ids") is None:
+        # transformers 5.x computes M-RoPE (3-D) positions only when mm_token_type_ids is given;
+        # without it the model silently falls back to 1-D text positions for the video.
+        ids = inputs["input_ids"]
+        cfg = model.config
+        mm = torch.zeros_like(ids, dtype=torch.int32)
+        mm[ids == getattr(cfg, "image_token_id", -1)] = 1
+        mm[ids == cfg.video_token_id] = 2
+        inputs["mm_token_type_ids"] = mm
     rest = {k: v for k, v in inputs.items() if k != "input_ids"}
     layout = layout_from_hf(model.config, inputs["input_ids"], **rest)
     return inputs, layout
@@ -138,6 +147,8 @@ def apply_method(model, method: str, *, layout, pattern_config=None, start_layer
     from triangle_mix.integrations.hf import apply_triangle_mix
 
     start = n // 2 if start_layer is None else start_layer
+    if not 0 <= start <= n:
+        raise CliError(f"--start-layer: expected 0..{n} (the model has {n} layers), got {start}")
     shape = dict(sink=sink, window=window, last=last)
     if method == "trianglemix":
         return Applied(

@@ -22,9 +22,6 @@ def configs(gpu: list[dict], interp: dict) -> list[triton.Config]:
     """Autotune list: the GPU list, or the single interpreter config."""
     if on_interpreter():
         return [triton.Config(dict(interp), num_warps=4, num_stages=1)]
-    if os.environ.get("SPARSE_KERNELS_AUTOTUNE", "1") == "0":
-        # Tests: compile only the first config (each config has its own correctness test).
-        gpu = gpu[:1]
     out = []
     for c in gpu:
         c = dict(c)
@@ -43,10 +40,33 @@ def block_d(D: int) -> int:
 FP32_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
 
 
+def autotune_off() -> bool:
+    """``SPARSE_KERNELS_AUTOTUNE=0`` (set by ``nox -s gpu-tests``): compile one config per kernel;
+    each config of a list has its own correctness test. Applied in the prune hooks, not in the
+    list: with a single config Triton skips the hook (and the fp32 tile)."""
+    return os.environ.get("SPARSE_KERNELS_AUTOTUNE", "1") == "0"
+
+
+def smallest(configs_: list[triton.Config]) -> triton.Config:
+    """The config with the least shared memory (tile area x stages): the one sure to fit."""
+    return min(
+        configs_,
+        key=lambda c: (
+            c.kwargs.get("BLOCK_M", c.kwargs.get("TILE_M", 1))
+            * c.kwargs.get("BLOCK_N", c.kwargs.get("TILE_N", 1))
+            * c.num_stages,
+            c.num_warps,
+        ),
+    )
+
+
 def prune_fp32(configs_, named_args, **kwargs):
-    """``early_config_prune`` hook: the single small config for fp32 inputs, the list otherwise."""
+    """``early_config_prune`` hook: the single small config for fp32 inputs, the list otherwise
+    (one config when autotuning is off)."""
     import torch
 
-    if named_args["q_ptr"].dtype == torch.float32 and not on_interpreter():
+    if on_interpreter():
+        return configs_
+    if named_args["q_ptr"].dtype == torch.float32:
         return [triton.Config(dict(FP32_CONFIG), num_warps=4, num_stages=1)]
-    return configs_
+    return [smallest(configs_)] if autotune_off() else configs_

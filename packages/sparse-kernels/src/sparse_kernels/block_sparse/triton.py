@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import block_d, configs, on_interpreter
+from .._triton.config import autotune_off, block_d, configs, on_interpreter, smallest
 
 _GPU_CONFIGS = [
     dict(TILE_M=128, TILE_N=128, num_warps=8, num_stages=3),
@@ -37,7 +37,8 @@ def _prune(configs_, named_args, **kwargs):
     if named_args["q_ptr"].dtype == torch.float32:
         return [triton.Config(dict(_FP32_CONFIG), num_warps=4, num_stages=1)]
     keep = [c for c in configs_ if c.kwargs["TILE_M"] <= bm and c.kwargs["TILE_N"] <= bn]
-    return keep or [triton.Config(dict(_FP32_CONFIG), num_warps=4, num_stages=2)]
+    keep = keep or [triton.Config(dict(_FP32_CONFIG), num_warps=4, num_stages=2)]
+    return [smallest(keep)] if autotune_off() else keep
 
 
 @triton.jit

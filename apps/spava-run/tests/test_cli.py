@@ -6,8 +6,8 @@ import sys
 
 import pytest
 import torch
+from modality_index.integrations.hf import decode_video, patchify_video, sample_clip_path
 from spava_run.cli import main
-from spava_run.inputs import decode_video, demo_clip, patchify_video
 
 
 def test_help_lists_the_options(capsys):
@@ -63,7 +63,7 @@ def test_patchify_matches_qwen_geometry():
 
 
 def test_decode_video_samples_uniformly():
-    frames = decode_video(demo_clip(), 5)
+    frames = decode_video(sample_clip_path(), 5)
     assert frames.shape[0] == 5 and frames.shape[-1] == 3 and frames.dtype == torch.uint8
 
 

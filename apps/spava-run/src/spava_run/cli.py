@@ -90,7 +90,11 @@ def _load(args, device, dtype):
 
 
 def _inputs(args, model, tok):
-    from .inputs import build_qwen2_5_vl_inputs, decode_video, demo_clip
+    from modality_index.integrations.hf import (
+        build_qwen2_5_vl_inputs,
+        decode_video,
+        sample_clip_path,
+    )
 
     cfg = model.config
     if not hasattr(cfg, "vision_config"):
@@ -98,7 +102,7 @@ def _inputs(args, model, tok):
             _fail("--video given but the model has no vision tower (text-only checkpoint)")
         ids = tok(args.prompt, return_tensors="pt")["input_ids"]
         return {"input_ids": ids}, min(ids.shape[1] - 1, max(1, ids.shape[1] // 8))
-    video = args.video or (demo_clip() if args.tiny_demo else None)
+    video = args.video or (sample_clip_path() if args.tiny_demo else None)
     if video is None:
         _fail("--video FILE is required (or use --tiny-demo)")
     frames = decode_video(video, args.frames)

@@ -501,34 +501,8 @@ def tiny_llama_config(*, vocab_size: int = 256, layers: int = 2):
 
 
 def tiny_qwen2_5_vl_config(*, layers: int = 2):
-    """A tiny random Qwen2.5-VL (real token ids and processor geometry: patch 14, merge 2,
-    temporal patch 2; 64-wide text model with M-RoPE sections [2, 3, 3])."""
-    tf = _transformers()
-    return tf.Qwen2_5_VLConfig(
-        text_config=dict(
-            hidden_size=64,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            vocab_size=151936,
-            max_position_embeddings=32768,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 3, 3],
-            },
-        ),
-        vision_config=dict(
-            depth=2,
-            hidden_size=32,
-            num_heads=2,
-            intermediate_size=64,
-            out_hidden_size=64,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=56,
-            fullatt_block_indexes=[1],
-        ),
-    )
+    """The tiny random Qwen2.5-VL of modality_index (64-wide text model, real token ids and
+    processor geometry)."""
+    from modality_index.integrations.hf import tiny_qwen2_5_vl_config as tiny
+
+    return tiny(layers=layers)

@@ -31,3 +31,7 @@ def pytest_collection_modifyitems(config, items):
 def _seed():
     torch.manual_seed(0)
     yield
+    if HAS_CUDA:
+        # Give cached blocks back after each test: `nox -s gpu-tests -- -n N` runs N workers on
+        # one GPU, and a worker that keeps a 20 GiB cache starves the others.
+        torch.cuda.empty_cache()

@@ -101,11 +101,10 @@ def _provider(name, q, k, v, vert, sl, idx):
     if name == "ours-total":
         return lambda: vertical_slash_attention(q, k, v, vert, sl, **kw).out
     if name == "flex":
-        from torch.nn.attention.flex_attention import flex_attention
+        from sparse_kernels.testing import flex_attention_compiled
 
         bm = idx.to_block_mask()
-        flex = torch.compile(flex_attention, dynamic=False)
-        return lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
+        return lambda: flex_attention_compiled(q, k, v, bm)
     if name == "dense-ours":
         return lambda: attention(q, k, v, causal=True).out
     if name == "sdpa-cudnn":

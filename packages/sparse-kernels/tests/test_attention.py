@@ -22,6 +22,8 @@ CASES = [
     pytest.param(1, 2, 1, 1, 257, 128, True, id="B1-H2-HKV1-SQ1-SKV257-D128-decode"),
     pytest.param(1, 2, 2, 150, 70, 64, True, id="B1-H2-HKV2-SQ150-SKV70-D64-causal-emptyrows"),
     pytest.param(2, 4, 2, 130, 200, 128, False, id="B2-H4-HKV2-SQ130-SKV200-D128-full"),
+    pytest.param(1, 2, 1, 77, 77, 16, True, id="B1-H2-HKV1-S77-D16-causal"),
+    pytest.param(1, 2, 2, 90, 90, 40, True, id="B1-H2-HKV2-S90-D40-causal"),
 ]
 GPU_CASES = [
     pytest.param(
@@ -196,8 +198,8 @@ def test_bad_input(make, exc, match):
 
 
 def test_unsupported_head_dim_names_supported_set():
-    q, k, v = make_qkv(1, 2, 2, 16, 16, 48, dtype=torch.float32, device=DEV)
-    with pytest.raises(NotImplementedError, match=r"\(64, 80, 96, 128\)"):
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 160, dtype=torch.float32, device=DEV)
+    with pytest.raises(NotImplementedError, match=r"head dims 1\.\.128, got 160"):
         attention(q, k, v, impl="triton")
     # The reference takes any head dim.
     assert attention(q, k, v, impl="reference").out.shape == q.shape

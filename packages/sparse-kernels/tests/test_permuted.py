@@ -552,7 +552,7 @@ def test_check_perm_is_opt_in_on_the_triton_path():
     [
         pytest.param(dict(block_m=48), 64, "block_m", id="block48"),
         pytest.param(dict(block_n=512), 64, "block_n", id="block512"),
-        pytest.param({}, 72, "head dims", id="D72"),
+        pytest.param({}, 160, "head dims", id="D160"),
     ],
 )
 def test_triton_unsupported_cases_raise(over, D, match):
@@ -581,7 +581,7 @@ def test_reference_accepts_any_block_size_and_head_dim():
     idx, cnt = _all_blocks(50, 50, 7, 11, False)
     res = permuted_block_sparse_attention(
         q, k, v, q_perm=perm, kv_perm=perm, kv_block_indices=idx, kv_block_counts=cnt,
-        block_m=7, block_n=11,
+        block_m=7, block_n=11, impl="reference",
     )  # fmt: skip
     want = attention(q, k, v, impl="reference")
     torch.testing.assert_close(res.out, want.out, atol=1e-6, rtol=0)
@@ -635,13 +635,19 @@ def test_identity_perms_match_flex_attention_block_mask():
 
     S, H, H_KV, bm, bn = 4096, 8, 2, 128, 128
     q, k, v = make_qkv(1, H, H_KV, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=11)
-    idx, cnt = _flex_lists(H, S // bm, S // bn, 0.3, 1)
-    # Full blocks: the next few entries of the same shuffled order (disjoint from the partial).
-    fcnt = torch.minimum(torch.full_like(cnt, 3), S // bn - cnt)
-    fidx = torch.gather(
-        idx, -1, (torch.arange(S // bn, device="cuda") + cnt[..., None].long()) % (S // bn)
-    )
-    fidx = fidx.to(torch.int32).contiguous()
+    nqb, nkb = S // bm, S // bn
+    idx, cnt = _flex_lists(H, nqb, nkb, 0.3, 1)
+    listed = torch.zeros(1, H, nqb, nkb + 1, dtype=torch.bool, device="cuda")
+    valid = torch.arange(nkb, device="cuda") < cnt[..., None]
+    listed.scatter_(-1, torch.where(valid, idx.long(), nkb), True)
+    # Full blocks: FlexAttention applies no mask_mod to them at all, so (as create_block_mask
+    # would) only blocks wholly below the diagonal are full, and none is also partial.
+    below = torch.arange(nkb, device="cuda")[None, :] < torch.arange(nqb, device="cuda")[:, None]
+    g = torch.Generator(device="cuda").manual_seed(2)
+    full = (torch.rand(1, H, nqb, nkb, device="cuda", generator=g) < 0.2) & below
+    full &= ~listed[..., :nkb]
+    fcnt = full.sum(-1).to(torch.int32)
+    fidx = torch.argsort((~full).to(torch.int8), dim=-1, stable=True).to(torch.int32).contiguous()
     block_mask = BlockMask.from_kv_blocks(
         cnt, idx, fcnt, fidx, BLOCK_SIZE=(bm, bn), mask_mod=lambda b, h, i, j: j <= i
     )

@@ -227,13 +227,13 @@ def test_gpu_index_build_on_device_matches_cpu():
 
 @pytest.mark.gpu
 def test_gpu_matches_flex_attention():
-    from torch.nn.attention.flex_attention import flex_attention
+    from sparse_kernels.testing import flex_attention_compiled
 
     B, H, H_KV, S, D = 1, 8, 2, 4096 + 5, 128
     q, k, v = make_qkv(B, H, H_KV, S, S, D, dtype=torch.bfloat16, device="cuda", seed=9)
     vi, si = make_indices(B, H, S, 100, 150, seed=9, local=64, device="cuda")
     idx = build_vertical_slash_index(vi, si, seq_len=S)
-    ref = torch.compile(flex_attention)(q, k, v, block_mask=idx.to_block_mask(), enable_gqa=True)
+    ref = flex_attention_compiled(q, k, v, idx.to_block_mask())
     res = vertical_slash_attention(q, k, v, vi, si, impl="triton", index=idx)
     gold = vertical_slash_attention_reference(q, k, v, vi, si, compute_dtype=torch.float64)
     assert_close_budget(res.out, ref, gold.out, dtype=torch.bfloat16, name="out vs flex")

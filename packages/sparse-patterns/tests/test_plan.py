@@ -350,10 +350,10 @@ def test_to_block_mask_flex_attention_eager_equals_the_plan():
 
 @pytest.mark.gpu
 def test_to_block_mask_flex_attention_equals_the_plan():
-    from torch.nn.attention.flex_attention import flex_attention
+    from sparse_kernels.testing import flex_attention_compiled
 
     q, k, v, plan = _block_mask_case("cuda")
-    out = torch.compile(flex_attention)(q, k, v, block_mask=plan.to_block_mask(), enable_gqa=True)
+    out = flex_attention_compiled(q, k, v, plan.to_block_mask())
     want = plan.run(q, k, v, impl="reference").out
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
 

@@ -136,3 +136,28 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     """``||x - ref|| / ||ref||`` in float64 (approximation-quality metric, not a kernel check)."""
     x64, r64 = x.to(torch.float64), ref.to(torch.float64)
     return float((x64 - r64).norm() / r64.norm().clamp_min(1e-300))
+
+
+def flex_attention_compiled(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask
+) -> torch.Tensor:
+    """Compiled FlexAttention with a ``BlockMask`` of any block size the kernels use (32-128).
+
+    Inductor's flex kernel needs its tiles to divide the mask's blocks (its default 128-row tile
+    rejects 32- and 64-blocks), so the tiles are capped at the mask's block sizes.
+    """
+    bq, bk = block_mask.BLOCK_SIZE
+    opts = {"BLOCK_M": min(int(bq), 64), "BLOCK_N": min(int(bk), 64)} if min(bq, bk) < 128 else None
+    fn = _compiled_flex()
+    return fn(q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=opts)
+
+
+_FLEX: list = []
+
+
+def _compiled_flex():
+    if not _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX.append(torch.compile(flex_attention, dynamic=False))
+    return _FLEX[0]

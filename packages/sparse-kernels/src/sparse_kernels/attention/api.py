@@ -29,7 +29,7 @@ def attention(
         scale: softmax scale, default ``D ** -0.5``.
         impl: ``"triton"`` (CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``"reference"``
             (plain PyTorch) or ``"auto"``: triton on CUDA tensors, reference elsewhere.
-            The Triton kernel supports head dims 64, 80, 96 and 128.
+            The Triton kernel supports head dims up to 128 (any size; padded to a power of two).
 
     Returns:
         ``AttentionOutput(out, lse)``: ``out`` in q's dtype, ``lse`` float32 ``[B, H, S_Q]``.

@@ -7,17 +7,17 @@ only connects them to a model and measures.
 from __future__ import annotations
 
 import contextlib
-import json
+import sys
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import torch
 
 from .errors import EXIT_MEMORY, CliError
+from .models import SUPPORTED, family_of, hand_inputs, has_video, layout_kwargs, model_class
 
-SUPPORTED = ("qwen2_5_vl", "qwen2_vl")
+__all__ = ["SUPPORTED"]  # re-exported: the model types vlm-accel runs
 METHODS = ("dense", "mminference", "trianglemix", "mminference+trianglemix")
 
 
@@ -29,40 +29,48 @@ def _tf():
 
 def tiny_demo_model(seed: int = 0):
     """The demo's tiny random Qwen2.5-VL, built from the config kept in the package."""
-    tf = _tf()
-    text = resources.files("vlm_accel.configs").joinpath("tiny_qwen2_5_vl.json").read_text()
-    cfg = tf.Qwen2_5_VLConfig.from_dict(json.loads(text))
-    torch.manual_seed(seed)
-    model = tf.Qwen2_5_VLForConditionalGeneration(cfg).eval()
-    model.set_attn_implementation("sdpa")
-    return model
+    from .models import tiny_model
+
+    return tiny_model("qwen2_5_vl", seed)
 
 
 def load_model(path: str | Path, *, device: str, dtype: torch.dtype):
-    """A local checkpoint directory: model and processor (both from the directory)."""
+    """A local checkpoint directory: model and processor (both from the directory).
+
+    When the directory's processor cannot be built but its tokenizer can (transformers' video
+    processors need torchvision; a tiny test checkpoint may ship only a tokenizer), the
+    tokenizer is returned instead and the video inputs are built by hand in the processor's
+    layout; a note on stderr says so."""
     tf = _tf()
     path = Path(path)
     if not (path / "config.json").is_file():
         raise CliError(f"--model: {path} is not a checkpoint directory (no config.json)")
     cfg = tf.AutoConfig.from_pretrained(path)
-    if cfg.model_type not in SUPPORTED:
-        raise CliError(
-            f"--model: model type {cfg.model_type!r} is not supported (supported: {', '.join(SUPPORTED)})"
-        )
+    cls = model_class(cfg)
     try:
         processor = tf.AutoProcessor.from_pretrained(path)
+        problem = None if is_processor(processor) else "the directory has only a tokenizer"
     except Exception as e:  # noqa: BLE001 - any processor failure is one user-facing problem
-        raise CliError(
-            f"--model: {path} has no usable processor ({type(e).__name__}: {e})"
-        ) from None
-    cls = (
-        tf.Qwen2_5_VLForConditionalGeneration
-        if cfg.model_type == "qwen2_5_vl"
-        else tf.Qwen2VLForConditionalGeneration
-    )
+        first = (str(e).strip().splitlines() or [""])[0].split(". ")[0]
+        problem = f"{type(e).__name__}: {first}"
+        try:
+            processor = tf.AutoTokenizer.from_pretrained(path)
+        except Exception:  # noqa: BLE001
+            raise CliError(f"--model: {path} has no usable processor ({problem})") from None
+    if problem is not None:
+        print(
+            f"vlm-accel: note: no video processor for {path} ({problem}); "
+            "building the video inputs by hand in the processor's layout",
+            file=sys.stderr,
+        )
     model = cls.from_pretrained(path, dtype=dtype).to(device).eval()
     model.set_attn_implementation("sdpa")
     return model, processor
+
+
+def is_processor(obj) -> bool:
+    """A multimodal processor (has a video processor), not a bare tokenizer."""
+    return obj is not None and getattr(obj, "video_processor", None) is not None
 
 
 def language_model(model):
@@ -71,34 +79,37 @@ def language_model(model):
 
 
 def video_inputs(model, processor, video: str | Path, prompt: str, *, frames: int, max_pixels: int):
-    """Inputs for one video and a question, and its ModalityLayout."""
-    from modality_index.integrations.hf import build_qwen2_5_vl_inputs, decode_video, layout_from_hf
+    """Inputs for one video and a question, and its ModalityLayout. ``processor`` is the
+    model's processor, a bare tokenizer (inputs built by hand, text tokenized with it) or None
+    (inputs built by hand, byte-level text)."""
+    from modality_index.integrations.hf import decode_video, layout_from_hf
 
     if not prompt or not prompt.strip():
         raise CliError("--prompt: expected a question about the video, got an empty prompt")
+    cfg = model.config
+    fam = family_of(cfg)
     try:
         clip = decode_video(video, frames)
     except (FileNotFoundError, ValueError) as e:
         raise CliError(str(e)) from None
-    if processor is not None:
+    if is_processor(processor):
         msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": prompt}]}]
         text = processor.apply_chat_template(msgs, add_generation_prompt=True)
         inputs = dict(processor(text=[text], videos=[clip], return_tensors="pt"))
     else:
-        inputs, _ = build_qwen2_5_vl_inputs(model.config, clip, prompt, max_pixels=max_pixels)
-    if "video_grid_thw" not in inputs:
+        inputs = hand_inputs(cfg, clip, prompt, tokenizer=processor, max_pixels=max_pixels)
+    if not has_video(cfg, inputs):
         raise CliError("the processor produced no video tokens for this prompt")
-    if inputs.get("mm_token_type_ids") is None:
+    if fam.mrope and inputs.get("mm_token_type_ids") is None:
         # transformers 5.x computes M-RoPE (3-D) positions only when mm_token_type_ids is given;
         # without it the model silently falls back to 1-D text positions for the video.
         ids = inputs["input_ids"]
-        cfg = model.config
         mm = torch.zeros_like(ids, dtype=torch.int32)
         mm[ids == getattr(cfg, "image_token_id", -1)] = 1
         mm[ids == cfg.video_token_id] = 2
         inputs["mm_token_type_ids"] = mm
     rest = {k: v for k, v in inputs.items() if k != "input_ids"}
-    layout = layout_from_hf(model.config, inputs["input_ids"], **rest)
+    layout = layout_from_hf(cfg, inputs["input_ids"], **rest, **layout_kwargs(cfg))
     return inputs, layout
 
 

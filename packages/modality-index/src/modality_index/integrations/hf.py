@@ -200,3 +200,184 @@ def tiny_qwen2_5_vl_config(*, layers: int = 2, hidden: int = 64):
             patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
         ),
     )  # fmt: skip
+
+
+# ---- Qwen2-VL and LLaVA-OneVision: tiny offline configs, tokenizer and hand-built inputs -------
+
+TINY_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<image>",
+    "<video>",
+)
+"""Special tokens of :func:`tiny_tokenizer`, with ids 256, 257, ... in this order."""
+
+TINY_VOCAB = 320  # 256 byte tokens + the special tokens, rounded up
+
+
+def _tiny_id(token: str) -> int:
+    return 256 + TINY_SPECIAL_TOKENS.index(token)
+
+
+def tiny_tokenizer():
+    """A byte-level tokenizer built offline: the 256 byte tokens (ids 0-255, no merges) and
+    :data:`TINY_SPECIAL_TOKENS` (ids 256-264), the chat and vision tokens of Qwen2-VL and
+    LLaVA-OneVision. It saves with ``save_pretrained`` and loads with ``AutoTokenizer``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    # Byte b has id b; its ByteLevel symbol is itself when printable, else a code point >= 256
+    # given in byte order (the convention the ByteLevel pre-tokenizer and decoder use).
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    extra = iter(range(256, 512))
+    vocab = {(chr(b) if b in printable else chr(next(extra))): b for b in range(256)}
+    if set(vocab) != set(pre_tokenizers.ByteLevel.alphabet()):
+        raise RuntimeError(
+            "tiny_tokenizer: the byte symbols differ from tokenizers' ByteLevel alphabet"
+        )
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(TINY_SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+
+
+def _tiny_text(*, layers: int, hidden: int, mrope: bool) -> dict:
+    text = dict(
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=2 * hidden, vocab_size=TINY_VOCAB, max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=_tiny_id("<|endoftext|>"), eos_token_id=_tiny_id("<|im_end|>"),
+        pad_token_id=_tiny_id("<|endoftext|>"),
+    )  # fmt: skip
+    if mrope:
+        half = hidden // 4 // 2  # head_dim / 2, split into M-RoPE's (t, h, w) sections
+        sections = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
+        text["rope_parameters"]["mrope_section"] = sections
+    return text
+
+
+def tiny_qwen2_vl_config(*, layers: int = 2, hidden: int = 64):
+    """A tiny random Qwen2-VL (processor geometry: patch 14, merge 2, temporal patch 2) whose
+    token ids are those of :func:`tiny_tokenizer`."""
+    from transformers import Qwen2VLConfig
+
+    return Qwen2VLConfig(
+        text_config=_tiny_text(layers=layers, hidden=hidden, mrope=True),
+        vision_config=dict(
+            depth=2, embed_dim=32, hidden_size=hidden, num_heads=2, mlp_ratio=2,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+        ),
+        image_token_id=_tiny_id("<|image_pad|>"), video_token_id=_tiny_id("<|video_pad|>"),
+        vision_start_token_id=_tiny_id("<|vision_start|>"),
+        vision_end_token_id=_tiny_id("<|vision_end|>"),
+    )  # fmt: skip
+
+
+def tiny_llava_onevision_config(*, layers: int = 2, hidden: int = 64, image_size: int = 70):
+    """A tiny random LLaVA-OneVision (SigLIP tower, patch 14; ``image_size`` 70 gives a 5 x 5
+    patch grid pooled to 3 x 3 = 9 tokens per video frame) whose token ids are those of
+    :func:`tiny_tokenizer`."""
+    from transformers import LlavaOnevisionConfig
+
+    return LlavaOnevisionConfig(
+        text_config=dict(model_type="qwen2", **_tiny_text(layers=layers, hidden=hidden, mrope=False)),
+        vision_config=dict(
+            model_type="siglip_vision_model", hidden_size=32, intermediate_size=64,
+            num_hidden_layers=2, num_attention_heads=2, patch_size=14, image_size=image_size,
+            vision_use_head=False,
+        ),
+        image_token_index=_tiny_id("<image>"), video_token_index=_tiny_id("<video>"),
+        vision_feature_select_strategy="full", vision_feature_layer=-1,
+        image_grid_pinpoints=[[image_size, image_size]],
+    )  # fmt: skip
+
+
+def llava_onevision_video_tokens_per_frame(config) -> int:
+    """Pooled tokens per video frame of a LLaVA-OneVision model: the vision tower's patch grid
+    ``image_size // patch_size`` squared, bilinearly pooled to ``ceil(side / 2)`` per side."""
+    import math
+
+    vc = config.vision_config
+    side = math.ceil((vc.image_size // vc.patch_size) / 2)
+    return side * side
+
+
+def build_qwen2_vl_inputs(
+    config, frames: torch.Tensor, prompt: str, *, tokenizer=None, max_pixels: int = 112 * 112
+):
+    """Processor-shaped Qwen2-VL inputs: the same layout as Qwen2.5-VL's (see
+    :func:`build_qwen2_5_vl_inputs`; Qwen2-VL's processor patchifies video identically)."""
+    if getattr(config, "model_type", None) != "qwen2_vl":
+        raise ValueError(
+            f"build_qwen2_vl_inputs: expected a qwen2_vl config, got {getattr(config, 'model_type', None)!r}"
+        )
+    return build_qwen2_5_vl_inputs(
+        config, frames, prompt, tokenizer=tokenizer, max_pixels=max_pixels
+    )
+
+
+def build_llava_onevision_inputs(
+    config,
+    frames: torch.Tensor,
+    prompt: str,
+    *,
+    tokenizer=None,
+    image_mean=CLIP_MEAN,
+    image_std=CLIP_STD,
+):
+    """LLaVA-OneVision inputs for one video and a question, built by hand in the layout that
+    ``LlavaOnevisionProcessor`` (video processor + llava-hf chat template) produces:
+
+    - ``pixel_values_videos`` ``[1, N, 3, S, S]``: every frame resized (bicubic) to the vision
+      tower's ``S = image_size`` square, scaled to [0, 1], normalised with ``image_mean`` /
+      ``image_std`` (defaults: the video processor's class defaults, OpenAI CLIP);
+    - ``input_ids``: ``"<|im_start|>user "``, then the video token repeated
+      ``N * tokens_per_frame + 1`` times (pooled tokens of each frame, then one newline token),
+      then ``"\\n{prompt}<|im_end|><|im_start|>assistant\\n"``;
+    - ``attention_mask`` of ones.
+
+    Returns ``(inputs, tokens after the video)``. Without a tokenizer the text is byte ids
+    (0-255), which :func:`tiny_tokenizer` shares."""
+    if getattr(config, "model_type", None) != "llava_onevision":
+        raise ValueError(
+            "build_llava_onevision_inputs: expected a llava_onevision config, "
+            f"got {getattr(config, 'model_type', None)!r}"
+        )
+    if not isinstance(frames, torch.Tensor) or frames.ndim != 4 or frames.shape[-1] != 3:
+        got = tuple(frames.shape) if isinstance(frames, torch.Tensor) else type(frames).__name__
+        raise ValueError(f"frames: expected uint8 [N, H, W, 3], got {got}")
+    size = int(config.vision_config.image_size)
+    x = frames.permute(0, 3, 1, 2).float() / 255.0
+    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False)
+    x = x.clamp(0, 1)
+    mean = torch.tensor(image_mean, dtype=x.dtype)[None, :, None, None]
+    std = torch.tensor(image_std, dtype=x.dtype)[None, :, None, None]
+    pixels = ((x - mean) / std)[None]
+    n_vid = frames.shape[0] * llava_onevision_video_tokens_per_frame(config) + 1
+    if tokenizer is not None:
+        enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    else:
+        enc = lambda s: list(s.encode())  # noqa: E731
+    pre = (
+        enc("<|im_start|>user ")
+        if tokenizer is not None
+        else [_tiny_id("<|im_start|>"), *enc("user ")]
+    )
+    post = enc(f"\n{prompt}<|im_end|><|im_start|>assistant\n") if tokenizer is not None else [
+        *enc(f"\n{prompt}"), _tiny_id("<|im_end|>"), _tiny_id("<|im_start|>"), *enc("assistant\n")
+    ]  # fmt: skip
+    input_ids = torch.tensor([pre + [int(config.video_token_id)] * n_vid + post])
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "pixel_values_videos": pixels,
+    }
+    return inputs, len(post)

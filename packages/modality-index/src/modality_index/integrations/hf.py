@@ -336,8 +336,9 @@ def build_llava_onevision_inputs(
     """LLaVA-OneVision inputs for one video and a question, built by hand in the layout that
     ``LlavaOnevisionProcessor`` (video processor + llava-hf chat template) produces:
 
-    - ``pixel_values_videos`` ``[1, N, 3, S, S]``: every frame resized (bicubic) to the vision
-      tower's ``S = image_size`` square, scaled to [0, 1], normalised with ``image_mean`` /
+    - ``pixel_values_videos`` ``[1, N, 3, S, S]``: every frame resized (antialiased bicubic,
+      rounded to uint8 levels) to the vision tower's ``S = image_size`` square, scaled to
+      [0, 1], normalised with ``image_mean`` /
       ``image_std`` (defaults: the video processor's class defaults, OpenAI CLIP);
     - ``input_ids``: ``"<|im_start|>user "``, then the video token repeated
       ``N * tokens_per_frame + 1`` times (pooled tokens of each frame, then one newline token),
@@ -355,9 +356,12 @@ def build_llava_onevision_inputs(
         got = tuple(frames.shape) if isinstance(frames, torch.Tensor) else type(frames).__name__
         raise ValueError(f"frames: expected uint8 [N, H, W, 3], got {got}")
     size = int(config.vision_config.image_size)
-    x = frames.permute(0, 3, 1, 2).float() / 255.0
-    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False)
-    x = x.clamp(0, 1)
+    # As the video processor: antialiased bicubic resize of the uint8 frames (rounded back to
+    # uint8 levels), then rescale and normalise.
+    x = torch.nn.functional.interpolate(
+        frames.permute(0, 3, 1, 2).float(), size=(size, size), mode="bicubic", antialias=True
+    )
+    x = x.round().clamp(0, 255) / 255.0
     mean = torch.tensor(image_mean, dtype=x.dtype)[None, :, None, None]
     std = torch.tensor(image_std, dtype=x.dtype)[None, :, None, None]
     pixels = ((x - mean) / std)[None]

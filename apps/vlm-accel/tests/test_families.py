@@ -1,0 +1,187 @@
+"""Qwen2-VL and LLaVA-OneVision through vlm-accel: tiny random checkpoints saved to a directory
+(model + the offline tokenizer; transformers' video processors need torchvision, so the inputs
+are built by hand in the processor's layout), run from the CLI, the layout reaching every
+layer's attention, and the dense policy reproducing the unpatched logits exactly."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from modality_index import Modality  # noqa: E402
+from modality_index.integrations import hf  # noqa: E402
+from vlm_accel import engine, models  # noqa: E402
+from vlm_accel.cli import main  # noqa: E402
+from vlm_accel.errors import EXIT_INPUT, EXIT_OK, CliError  # noqa: E402
+
+CLIP = str(hf.sample_clip_path())
+FAMILIES = [
+    pytest.param("qwen2_vl", id="qwen2-vl"),
+    pytest.param("llava_onevision", id="llava-onevision"),
+]
+BUILDERS = {"qwen2_vl": hf.tiny_qwen2_vl_config, "llava_onevision": hf.tiny_llava_onevision_config}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """One saved tiny checkpoint per family: weights, config and the byte-level tokenizer."""
+    dirs = {}
+    for mt in BUILDERS:
+        d = tmp_path_factory.mktemp(mt)
+        models.tiny_model(mt, seed=1).save_pretrained(d)
+        hf.tiny_tokenizer().save_pretrained(d)
+        dirs[mt] = d
+    return dirs
+
+
+def _argv(d, *extra, frames=4):
+    return ["run", "--model", str(d), "--video", CLIP, "--prompt", "What happens?",
+            "--frames", str(frames), "--device", "cpu", "--dtype", "fp32", *extra]  # fmt: skip
+
+
+def _load(d, frames=4, max_pixels=12544):
+    model, tok = engine.load_model(d, device="cpu", dtype=torch.float32)
+    inputs, layout = engine.video_inputs(
+        model, tok, CLIP, "What happens?", frames=frames, max_pixels=max_pixels
+    )
+    return model, tok, inputs, layout
+
+
+def _logits(model, inputs, applied=None):
+    with torch.no_grad(), applied.context() if applied else torch.no_grad():
+        return model(**inputs, use_cache=False).logits
+
+
+@pytest.mark.parametrize("mt", FAMILIES)
+def test_packaged_tiny_config_is_the_builders(mt):
+    got = models.tiny_config(mt).to_dict()
+    want = BUILDERS[mt]().to_dict()
+    got.pop("transformers_version", None), want.pop("transformers_version", None)
+    assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+
+
+@pytest.mark.parametrize("mt", FAMILIES)
+def test_run_from_a_saved_checkpoint(mt, checkpoints, capsys):
+    per_frame = {"qwen2_vl": None, "llava_onevision": 9}[mt]
+    for method in ("dense", "trianglemix"):
+        argv = _argv(checkpoints[mt], "--method", method, "--start-layer", "1", "--max-new-tokens", "2")  # fmt: skip
+        assert main(argv) == EXIT_OK, method
+        cap = capsys.readouterr()
+        assert "answer:" in cap.out and f"method: {method}" in cap.out and "generated: 2" in cap.out
+        assert "building the video inputs by hand" in cap.err
+    video = int(cap.out.split("(video ")[1].split(",")[0])
+    if per_frame is not None:  # 4 pooled frames + the newline token
+        assert video == 4 * per_frame + 1
+    else:  # 4 frames -> 2 temporal groups of (h/2 x w/2) merged patches
+        _, _, inputs, layout = _load(checkpoints[mt])
+        t, h, w = inputs["video_grid_thw"][0].tolist()
+        assert video == t * h * w // 4 and t == 2
+
+
+@pytest.mark.parametrize("mt", FAMILIES)
+def test_search_then_run_mminference(mt, checkpoints, tmp_path):
+    cfg = tmp_path / "cfg.json"
+    base = _argv(checkpoints[mt])[1:]
+    assert main(["search", *base, "--out", str(cfg)]) == EXIT_OK
+    assert json.loads(cfg.read_text())["num_layers"] == 2
+    argv = [*_argv(checkpoints[mt]), "--method", "mminference+trianglemix", "--config", str(cfg)]
+    assert main([*argv, "--start-layer", "1", "--max-new-tokens", "1"]) == EXIT_OK
+
+
+@pytest.mark.parametrize("mt", FAMILIES)
+def test_dense_policies_equal_unpatched_exactly(mt, checkpoints):
+    from sparse_patterns import Dense, HeadConfig, PatternConfig
+
+    model, _, inputs, layout = _load(checkpoints[mt])
+    lm = engine.language_model(model)
+    n, H = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    ref = _logits(model, inputs)
+    dense_cfg = PatternConfig(mt, n, H, ((HeadConfig(Dense()),) * H,) * n, {})
+    for method, kw in [
+        ("dense", {}),
+        ("trianglemix", {"start_layer": n}),
+        ("mminference", {"pattern_config": dense_cfg}),
+    ]:
+        applied = engine.apply_method(model, method, layout=layout, **kw)
+        try:
+            got = _logits(model, inputs, applied)
+        finally:
+            applied.remove()
+        assert torch.equal(got, ref), method
+    assert torch.equal(_logits(model, inputs), ref)
+
+
+@pytest.mark.parametrize("mt", FAMILIES)
+def test_triangle_layers_really_run(mt, checkpoints):
+    """A narrow triangle from layer 0 changes the logits: the language model's attention goes
+    through the registered function in this family (not the vision tower's, not skipped)."""
+    model, _, inputs, layout = _load(checkpoints[mt])
+    ref = _logits(model, inputs)
+    applied = engine.apply_method(
+        model, "trianglemix", layout=layout, start_layer=0, sink=2, window=4, last=2
+    )
+    try:
+        got = _logits(model, inputs, applied)
+    finally:
+        applied.remove()
+    assert (got - ref).abs().max() > 1e-3
+    assert torch.equal(_logits(model, inputs), ref)
+
+
+@pytest.mark.parametrize("mt", FAMILIES)
+def test_layout_reaches_every_layer(mt, checkpoints, monkeypatch):
+    """With --method mminference every language-model layer's attention receives this input's
+    ModalityLayout (frames and tokens per frame of this family), long enough (>= 256 tokens)
+    for the sparse path."""
+    import sparse_patterns.mminference as mm
+    from sparse_patterns import Dense, HeadConfig, PatternConfig
+
+    frames, max_pixels = {"qwen2_vl": (8, 224 * 224), "llava_onevision": (30, 12544)}[mt]
+    model, _, inputs, layout = _load(checkpoints[mt], frames=frames, max_pixels=max_pixels)
+    assert layout.seq_len >= 256
+    if mt == "llava_onevision":
+        want = (Modality.VIDEO, 9, frames, frames * 9 + 1)
+    else:
+        t, h, w = inputs["video_grid_thw"][0].tolist()
+        want = (Modality.VIDEO, h * w // 4, t, t * h * w // 4)
+    (item,) = layout.items
+    assert (item.modality, item.tokens_per_frame, item.num_frames, item.length) == want
+    assert int((inputs["input_ids"] == model.config.video_token_id).sum()) == want[3]
+
+    seen, real = [], mm.mminference_attention
+
+    def spy(q, k, v, head_config, layout=None, **kw):
+        seen.append((q.shape[2], layout))
+        return real(q, k, v, head_config, layout, **kw)
+
+    monkeypatch.setattr(mm, "mminference_attention", spy)
+    lm = engine.language_model(model)
+    n, H = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    cfg = PatternConfig(mt, n, H, ((HeadConfig(Dense()),) * H,) * n, {})
+    applied = engine.apply_method(model, "mminference", layout=layout, pattern_config=cfg)
+    try:
+        _logits(model, inputs, applied)
+    finally:
+        applied.remove()
+    assert len(seen) == n
+    assert all(layout.seq_len == S and lay is layout for S, lay in seen)
+
+
+def test_unsupported_model_type_is_one_line(tmp_path, capsys):
+    import transformers
+
+    transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(tmp_path)
+    assert main(["run", "--model", str(tmp_path), "--video", CLIP, "--prompt", "q"]) == EXIT_INPUT
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert (
+        "model type 'gpt2' is not supported (supported: qwen2_5_vl, qwen2_vl, llava_onevision)"
+        in err
+    )
+
+
+def test_checkpoint_without_processor_or_tokenizer(tmp_path):
+    models.tiny_model("llava_onevision").save_pretrained(tmp_path)
+    with pytest.raises(CliError, match="has no usable processor"):
+        engine.load_model(tmp_path, device="cpu", dtype=torch.float32)

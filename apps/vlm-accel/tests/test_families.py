@@ -185,3 +185,87 @@ def test_checkpoint_without_processor_or_tokenizer(tmp_path):
     models.tiny_model("llava_onevision").save_pretrained(tmp_path)
     with pytest.raises(CliError, match="has no usable processor"):
         engine.load_model(tmp_path, device="cpu", dtype=torch.float32)
+
+
+# The structure of llava-hf's LLaVA-OneVision chat template (role, a space, the video token,
+# then each text after a newline; no newline after <|im_end|>), written for the tiny tokenizer.
+_LLAVA_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + ' ' }}"
+    "{% for c in m['content'] if c['type'] == 'video' %}{{ '<video>' }}{% endfor %}"
+    "{% for c in m['content'] if c['type'] == 'text' %}{{ '\n' + c['text'] }}{% endfor %}"
+    "{{ '<|im_end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_QWEN_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}"
+    "{% for c in m['content'] %}{% if c['type'] == 'video' %}"
+    "{{ '<|vision_start|><|video_pad|><|vision_end|>' }}{% else %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _real_processor(mt):
+    import transformers as tf
+
+    tok = hf.tiny_tokenizer()
+    if mt == "llava_onevision":
+        sq = {"height": 70, "width": 70}
+        return tf.LlavaOnevisionProcessor(
+            image_processor=tf.LlavaOnevisionImageProcessor(
+                size=sq, crop_size=sq, image_grid_pinpoints=[[70, 70]]
+            ),
+            tokenizer=tok,
+            video_processor=tf.LlavaOnevisionVideoProcessor(size=sq),
+            num_image_tokens=25,
+            vision_feature_select_strategy="full",
+            chat_template=_LLAVA_TEMPLATE,
+        )
+    edge = {"shortest_edge": 56 * 56, "longest_edge": 112 * 112}
+    return tf.Qwen2VLProcessor(
+        image_processor=tf.Qwen2VLImageProcessor(size=edge),
+        tokenizer=tok,
+        video_processor=tf.Qwen2VLVideoProcessor(size=edge),
+        chat_template=_QWEN_TEMPLATE,
+    )
+
+
+@pytest.mark.parametrize("mt", FAMILIES)
+def test_real_processor_path(mt, tmp_path, capsys):
+    """Where torchvision is installed: a checkpoint saved with a real processor runs through the
+    processor (no hand-built note), and for LLaVA-OneVision the hand-built token ids equal the
+    processor's."""
+    pytest.importorskip("torchvision")
+    models.tiny_model(mt, seed=1).save_pretrained(tmp_path)
+    _real_processor(mt).save_pretrained(tmp_path)
+    assert main([*_argv(tmp_path), "--method", "trianglemix", "--max-new-tokens", "2"]) == EXIT_OK
+    assert "by hand" not in capsys.readouterr().err
+    model, proc, inputs, layout = _load(tmp_path)
+    assert engine.is_processor(proc)
+    vid = int((inputs["input_ids"] == model.config.video_token_id).sum())
+    assert vid == layout.counts()[Modality.VIDEO] > 0
+    if mt == "llava_onevision":
+        clip = hf.decode_video(CLIP, 4)
+        hand, _ = hf.build_llava_onevision_inputs(
+            model.config, clip, "What happens?", tokenizer=proc.tokenizer
+        )
+        assert torch.equal(hand["input_ids"], inputs["input_ids"])
+        diff = (hand["pixel_values_videos"] - inputs["pixel_values_videos"].float()).abs()
+        assert float(diff.max()) < 0.035
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mt", FAMILIES)
+def test_cuda_bf16_accelerated_methods(mt, checkpoints, tmp_path, capsys):
+    """On a GPU: search, then trianglemix and mminference+trianglemix through the Triton
+    kernels in bf16, from the saved tiny checkpoint."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cuda = ["--device", "cuda", "--dtype", "bf16"]
+    base = [*_argv(checkpoints[mt], frames=16)[1:-4], *cuda]
+    cfg = tmp_path / "cfg.json"
+    assert main(["search", *base, "--out", str(cfg)]) == EXIT_OK
+    for method in ("trianglemix", "mminference+trianglemix"):
+        argv = ["run", *base, "--method", method, "--config", str(cfg), "--start-layer", "1"]
+        assert main([*argv, "--max-new-tokens", "2"]) == EXIT_OK, method
+        assert f"method: {method}" in capsys.readouterr().out

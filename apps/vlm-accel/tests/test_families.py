@@ -269,3 +269,16 @@ def test_cuda_bf16_accelerated_methods(mt, checkpoints, tmp_path, capsys):
         argv = ["run", *base, "--method", method, "--config", str(cfg), "--start-layer", "1"]
         assert main([*argv, "--max-new-tokens", "2"]) == EXIT_OK, method
         assert f"method: {method}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mt", FAMILIES)
+def test_show_and_bench(mt, checkpoints, tmp_path):
+    base = _argv(checkpoints[mt])[1:]
+    png = tmp_path / "head.png"
+    assert main(["show", *base, "--layer", "1", "--head", "3", "--out", str(png)]) == EXIT_OK
+    assert png.stat().st_size > 1000
+    stem = tmp_path / "bench"
+    argv = ["bench", *base, "--methods", "dense,trianglemix", "--start-layer", "0"]
+    assert main([*argv, "--repeat", "1", "--out", str(stem)]) == EXIT_OK
+    rows = json.loads(stem.with_suffix(".json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["dense", "trianglemix"]

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from .errors import EXIT_MEMORY, CliError
-from .models import SUPPORTED, family_of, hand_inputs, has_video, layout_kwargs, model_class
+from .models import FAMILIES, family_of, hand_inputs, has_video, layout_kwargs, model_class
 
-__all__ = ["SUPPORTED"]  # re-exported: the model types vlm-accel runs
+SUPPORTED = tuple(FAMILIES)  # the model types vlm-accel runs
 METHODS = ("dense", "mminference", "trianglemix", "mminference+trianglemix")
 
 

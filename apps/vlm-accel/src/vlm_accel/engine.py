@@ -100,7 +100,9 @@ def video_inputs(model, processor, video: str | Path, prompt: str, *, frames: in
         inputs = hand_inputs(cfg, clip, prompt, tokenizer=processor, max_pixels=max_pixels)
     if not has_video(cfg, inputs):
         raise CliError("the processor produced no video tokens for this prompt")
-    if fam.mrope and inputs.get("mm_token_type_ids") is None:
+    if not fam.mrope:
+        inputs.pop("mm_token_type_ids", None)  # 1-D RoPE: the model has no use for it
+    elif inputs.get("mm_token_type_ids") is None:
         # transformers 5.x computes M-RoPE (3-D) positions only when mm_token_type_ids is given;
         # without it the model silently falls back to 1-D text positions for the video.
         ids = inputs["input_ids"]

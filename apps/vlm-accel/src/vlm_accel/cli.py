@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from . import progress
 from .errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, CliError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -111,7 +112,8 @@ def cmd_run(args) -> int:
         with torch.no_grad(), applied.context():
             dev = next(model.parameters()).device
             gen = model.generate(**{k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()},
-                                 max_new_tokens=args.max_new_tokens, do_sample=False)  # fmt: skip
+                                 max_new_tokens=args.max_new_tokens, do_sample=False,
+                                 streamer=progress.GenerationBar(args.max_new_tokens, no_progress=args.no_progress))  # fmt: skip
     finally:
         applied.remove()
     new = gen[0, inputs["input_ids"].shape[1] :]
@@ -130,7 +132,7 @@ def cmd_run(args) -> int:
 
 def cmd_search(args) -> int:
     from sparse_patterns import search_config
-    from sparse_patterns.integrations.hf import use_layout
+    from sparse_patterns.integrations.hf import capture_qkv, use_layout
 
     from . import engine
 
@@ -138,9 +140,15 @@ def cmd_search(args) -> int:
     lm = engine.language_model(model)
     dev = next(model.parameters()).device
     inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    n_layers = lm.config.num_hidden_layers
+
+    def layers_with_bar(inp):  # search_config searches the captured layers in this order
+        return progress.bar(capture_qkv(model, inp), total=n_layers, desc="search", unit="layer",
+                            no_progress=args.no_progress)  # fmt: skip
+
     with use_layout(layout):
-        cfg = search_config(model, inputs, layout, model_id=args.model_id or str(args.model),
-                            num_layers=lm.config.num_hidden_layers, num_heads=lm.config.num_attention_heads)  # fmt: skip
+        cfg = search_config(layers_with_bar, inputs, layout, model_id=args.model_id or str(args.model),
+                            num_layers=n_layers, num_heads=lm.config.num_attention_heads)  # fmt: skip
     _write_atomic(Path(args.out), cfg.to_json())
     print(f"wrote {args.out}: {cfg.num_layers} layers x {cfg.num_heads} heads")
     return EXIT_OK
@@ -153,24 +161,31 @@ def cmd_bench(args) -> int:
     cfg = _load_config(args.config)
     rows = []
     ref = None
-    for method in args.methods.split(","):
+    methods = args.methods.split(",")
+    pbar = progress.bar(total=len(methods) * (1 + args.repeat), desc="bench", unit="prefill",
+                        no_progress=args.no_progress)  # fmt: skip
+    for method in methods:
         if "mminference" in method and cfg is None:
             raise CliError(f"--methods {method} needs --config CFG")
         applied = engine.apply_method(
             model, method, layout=layout, pattern_config=cfg, start_layer=args.start_layer
         )
         try:
+            pbar.set_postfix_str(method)
             engine.prefill(model, inputs, applied)  # warm-up
+            pbar.update(1)
             times = []
             for _ in range(args.repeat):
                 logits, t, peak = engine.prefill(model, inputs, applied, chunk=args.mlp_chunk)
                 times.append(t)
+                pbar.update(1)
         finally:
             applied.remove()
         ref = logits if ref is None else ref
         rows.append({"method": method, "tokens": layout.seq_len, "ttft_s": sorted(times)[len(times) // 2],
                      "peak_gib": peak, "top1_agrees_with_first": bool((logits.argmax(-1) == ref.argmax(-1)).all())})  # fmt: skip
-        print(f"{method:28s} TTFT {rows[-1]['ttft_s']:.3f} s")
+        pbar.write(f"{method:28s} TTFT {rows[-1]['ttft_s']:.3f} s", file=sys.stdout)
+    pbar.close()
     out = Path(args.out)
     _write_atomic(
         out.with_suffix(".json"),
@@ -305,6 +320,13 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", help="cuda or cpu (default: cuda when available)")
         sp.add_argument(
             "--dtype", choices=list(DTYPES), default="bf16", help="weights dtype of a checkpoint"
+        )
+        sp.add_argument(
+            "--no-progress",
+            "--quiet",
+            dest="no_progress",
+            action="store_true",
+            help="no progress bars on stderr (they are drawn only when stderr is a terminal)",
         )
 
     r = sub.add_parser("run", help="answer a question about a video; print TTFT, tokens, memory")

@@ -24,7 +24,12 @@ import time
 import torch
 from triangle_mix import LayerPolicy, kv_retrieval_prompt, plot_probe, probe_start_layer
 from triangle_mix.integrations.hf import apply_triangle_mix
-from triangle_mix.prompts import encode_for_model, pairs_for_tokens
+from triangle_mix.prompts import (
+    encode_for_model,
+    filler_for_tokens,
+    pairs_for_tokens,
+    passkey_prompt,
+)
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -59,6 +64,126 @@ def perplexity(model, ids, policy, n_eval=256) -> float:
         logits = model(ids, logits_to_keep=n_eval + 1).logits[0, :-1].float()
     tgt = ids[0, -n_eval:]
     return math.exp(torch.nn.functional.cross_entropy(logits, tgt).item())
+
+
+def passkey(model, tok, policy, n_filler, seed) -> tuple[bool, int, str]:
+    """Greedy answer to the passkey prompt; correct when the 5-digit key is in the first tokens."""
+    s = passkey_prompt(n_filler, seed)
+    # Plain continuation (no chat template): the prompt ends with "The pass key is".
+    ids = tok(s.prompt, return_tensors="pt").input_ids
+    with torch.no_grad(), apply_triangle_mix(model, policy):
+        out = model.generate(ids, max_new_tokens=8, do_sample=False, use_cache=True)
+    text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+    return s.answer in text, ids.shape[1], text
+
+
+class SkipMiddleRows:
+    """Table 7's variant as a "dynamic" layer: query rows in [lo, hi) keep only the sink and
+    the local window (their Middle Q-K is skipped); every other row is dense causal. Explicit
+    boolean mask + SDPA (fp32, CPU)."""
+
+    def __init__(self, lo: int, hi: int, sink: int, window: int):
+        self.lo, self.hi, self.sink, self.window = lo, hi, sink, window
+
+    def __call__(self, q, k, v, *, layer_idx, scale):
+        S = q.shape[2]
+        i = torch.arange(S)[:, None]
+        j = torch.arange(S)[None, :]
+        skip = (i >= self.lo) & (i < self.hi) & (j >= self.sink) & (i - j >= self.window)
+        allowed = (j <= i) & ~skip
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed, scale=scale
+        )
+
+
+def span_ppl(logits, ids, lo, hi) -> float:
+    """exp(mean NLL) of predicting tokens lo..hi-1 (logits[t-1] predicts ids[t])."""
+    nll = torch.nn.functional.cross_entropy(logits[lo - 1 : hi - 1].float(), ids[lo:hi])
+    return math.exp(nll.item())
+
+
+def table7(model, tok, log, *, n_samples, text_dir, sink, window, deep):
+    """Paper §4 Table 7 on SmolLM2: 2048-token chunks of long English prose (the paper copies),
+    dense vs Q rows 512..1024 skipping Middle Q-K in the last ``deep`` layers."""
+    L = model.config.num_hidden_layers
+    files = sorted(pathlib.Path(text_dir).glob("*.md"))
+    chunks = []
+    for p in files:
+        ids = tok(p.read_text(), return_tensors="pt").input_ids[0]
+        chunks += [ids[o : o + 2048] for o in range(0, len(ids) - 2047, 2048)]
+    chunks = chunks[:n_samples]
+    pol_dense = LayerPolicy.dense(L)
+    pol_skip = LayerPolicy(("dense",) * (L - deep) + ("dynamic",) * deep, sink=sink, window=window)
+    skip = SkipMiddleRows(512, 1024, sink, window)
+    for n, ids in enumerate(chunks):
+        row = {"stage": "table7", "sample": n, "sink": sink, "window": window, "deep": deep}
+        for name, pol in (("dense", pol_dense), ("skip512-1024", pol_skip)):
+            with torch.no_grad(), apply_triangle_mix(model, pol, dynamic=skip):
+                logits = model(ids[None]).logits[0]
+            row[name] = {
+                "1024-1152": span_ppl(logits, ids, 1024, 1152),
+                "1920-2048": span_ppl(logits, ids, 1920, 2048),
+            }
+        with log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+    return len(chunks)
+
+
+def run_passkey(model, tok, log, policies, lengths, counts):
+    for length, n in zip(lengths, counts, strict=True):
+        n_filler = filler_for_tokens(tok, length)
+        for seed in range(n):
+            for name, pol in policies.items():
+                t = time.time()
+                ok, n_tok, text = passkey(model, tok, pol, n_filler, 7919 * length + seed)
+                with log.open("a") as f:
+                    row = {"stage": "passkey", "policy": name, "length": length, "tokens": n_tok,
+                           "seed": seed, "correct": ok, "output": text,
+                           "seconds": round(time.time() - t, 2)}  # fmt: skip
+                    f.write(json.dumps(row) + "\n")
+
+
+def main_v2(argv=None) -> bool:
+    """The later stages alone (``--stages table7,passkey``), with a fixed start layer."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="docs/trianglemix")
+    ap.add_argument("--stages", required=True, help="comma list of table7, passkey")
+    ap.add_argument("--start-layer", type=int, default=22)
+    ap.add_argument("--table7-samples", type=int, default=100)
+    ap.add_argument("--text-dir", default="../shared/papers")
+    ap.add_argument("--table7-sink", type=int, default=64)
+    ap.add_argument("--table7-window", type=int, default=128)
+    ap.add_argument("--passkey-lengths", default="2000,4000,8000")
+    ap.add_argument("--passkey-counts", default="34,33,33")
+    ap.add_argument(
+        "--policies", default="dense,trianglemix,triangle-everywhere,streaming-everywhere"
+    )
+    a = ap.parse_args(argv)
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    model, tok = load()
+    L = model.config.num_hidden_layers
+    stages = a.stages.split(",")
+    if "table7" in stages:
+        n = table7(model, tok, out / "quality.jsonl", n_samples=a.table7_samples,
+                   text_dir=a.text_dir, sink=a.table7_sink, window=a.table7_window, deep=16)  # fmt: skip
+        print("table7 samples:", n)
+    if "passkey" in stages:
+        allp = {
+            "dense": LayerPolicy.dense(L),
+            "trianglemix": LayerPolicy.triangle_from(L, a.start_layer),
+            "triangle-everywhere": LayerPolicy.triangle_everywhere(L),
+            "streaming-everywhere": LayerPolicy.streaming_everywhere(L),
+        }
+        pols = {k: allp[k] for k in a.policies.split(",")}
+        run_passkey(model, tok, out / "quality.jsonl", pols,
+                    [int(x) for x in a.passkey_lengths.split(",")],
+                    [int(x) for x in a.passkey_counts.split(",")])  # fmt: skip
+    return True
 
 
 def main():
@@ -136,4 +261,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--stages" in sys.argv:
+        main_v2()
+    else:
+        main()

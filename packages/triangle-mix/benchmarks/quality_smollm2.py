@@ -71,7 +71,8 @@ def passkey(model, tok, policy, n_filler, seed) -> tuple[bool, int, str]:
     s = passkey_prompt(n_filler, seed)
     # Plain continuation (no chat template): the prompt ends with "The pass key is".
     ids = tok(s.prompt, return_tensors="pt").input_ids
-    with torch.no_grad(), apply_triangle_mix(model, policy):
+    ctx = policy() if callable(policy) else apply_triangle_mix(model, policy)
+    with torch.no_grad(), ctx:
         out = model.generate(ids, max_new_tokens=8, do_sample=False, use_cache=True)
     text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
     return s.answer in text, ids.shape[1], text
@@ -145,6 +146,55 @@ def run_passkey(model, tok, log, policies, lengths, counts):
                     f.write(json.dumps(row) + "\n")
 
 
+def summarise(paths) -> str:
+    """Markdown tables (Table 7 spans; passkey and KV accuracy with counts) from jsonl logs."""
+    rows = [json.loads(x) for p in paths for x in pathlib.Path(p).read_text().splitlines() if x]
+    lines = []
+    t7 = [r for r in rows if r.get("stage") == "table7"]
+    if t7:
+        r0 = t7[0]
+        lines += [
+            f"Table 7 on SmolLM2-135M ({len(t7)} chunks of 2048 tokens; rows 512..1023 keep sink "
+            f"{r0['sink']} + window {r0['window']} in the last {r0['deep']} layers). Mean of per-chunk "
+            "PPL (exp of mean NLL over the span); in brackets exp of the mean NLL over all chunks.",
+            "",
+            "| Method | PPL (1024-1152) | PPL (1920-2048) |",
+            "|---|---|---|",
+        ]
+        base = {}
+        for name in ("dense", "skip512-1024"):
+            cells = []
+            for span in ("1024-1152", "1920-2048"):
+                v = [r[name][span] for r in t7]
+                mean = sum(v) / len(v)
+                pooled = math.exp(sum(math.log(x) for x in v) / len(v))
+                d = "" if name == "dense" else f" ({mean - base[span]:+.2f})"
+                base.setdefault(span, mean)
+                cells.append(f"{mean:.2f}{d} [{pooled:.2f}]")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    for stage in ("passkey", "kv"):
+        rs = [r for r in rows if r.get("stage") == stage]
+        if not rs:
+            continue
+        lengths = sorted({r["length"] for r in rs})
+        pols = list(dict.fromkeys(r["policy"] for r in rs))
+        lines += [
+            f"{stage} accuracy (correct / samples; target length in tokens):",
+            "",
+            "| policy | " + " | ".join(str(x) for x in lengths) + " | all |",
+            "|---" * (len(lengths) + 2) + "|",
+        ]
+        for p in pols:
+            cells = []
+            for L in lengths + [None]:
+                c = [r["correct"] for r in rs if r["policy"] == p and L in (None, r["length"])]
+                cells.append(f"{sum(c)}/{len(c)}" if c else "-")
+            lines.append(f"| {p} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main_v2(argv=None) -> bool:
     """The later stages alone (``--stages table7,passkey``), with a fixed start layer."""
     ap = argparse.ArgumentParser()
@@ -164,7 +214,7 @@ def main_v2(argv=None) -> bool:
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
     model, tok = load()
     L = model.config.num_hidden_layers
     stages = a.stages.split(",")
@@ -179,6 +229,13 @@ def main_v2(argv=None) -> bool:
             "triangle-everywhere": LayerPolicy.triangle_everywhere(L),
             "streaming-everywhere": LayerPolicy.streaming_everywhere(L),
         }
+        if "mminference" in a.policies.split(","):
+            # MMInference with the searched SmolLM2 config (sparse-patterns; CPU reference impl).
+            from sparse_patterns import PatternConfig
+            from sparse_patterns.integrations.hf import apply_pattern_config
+
+            cfg = PatternConfig.load(a.pattern_config)
+            allp["mminference"] = lambda: apply_pattern_config(model, cfg)
         pols = {k: allp[k] for k in a.policies.split(",")}
         run_passkey(model, tok, out / "quality.jsonl", pols,
                     [int(x) for x in a.passkey_lengths.split(",")],
@@ -263,7 +320,9 @@ def main():
 if __name__ == "__main__":
     import sys
 
-    if "--stages" in sys.argv:
+    if sys.argv[1:2] == ["summarise"]:
+        print(summarise(sys.argv[2:]))
+    elif "--stages" in sys.argv:
         main_v2()
     else:
         main()

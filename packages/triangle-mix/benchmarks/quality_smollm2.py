@@ -210,6 +210,10 @@ def main_v2(argv=None) -> bool:
     ap.add_argument(
         "--policies", default="dense,trianglemix,triangle-everywhere,streaming-everywhere"
     )
+    ap.add_argument(
+        "--pattern-config", default="packages/sparse-patterns/configs/smollm2-135m.json"
+    )
+    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -11,19 +11,30 @@ for the compact table; it is also written to the terminal summary).
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 from sparse_kernels import attention, block_sparse_attention
-from sparse_kernels.benchmarking import attention_flops, causal_pairs, record, run_benchmark
+from sparse_kernels.benchmarking import (
+    attention_flops,
+    bench_rounds,
+    causal_pairs,
+    record,
+    run_benchmark,
+)
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 pytestmark = pytest.mark.gpu
 
 B, H, H_KV, D = 1, 28, 4, 128
 BLOCK = 128
-SEQS = {"32K": 32768, "128K": 131072}
+ALL_SEQS = {"32K": 32768, "128K": 131072, "512K": 524288, "1M": 1048576}
+# SPARSE_KERNELS_BENCH_SEQS=32K,128K,512K picks lengths (default 32K,128K).
+SEQS = {n: ALL_SEQS[n] for n in os.environ.get("SPARSE_KERNELS_BENCH_SEQS", "32K,128K").split(",")}
 DENSITIES = [0.1, 0.3]
-PROVIDERS = ["dense-ours", "ours", "flex"]
+PROVIDERS = ["dense-ours", "sdpa-cudnn", "ours", "flex"]
 _RESULTS: dict[tuple[str, float, str], dict] = {}
 
 
@@ -78,6 +89,15 @@ def _provider(name, q, k, v, bm):
 
         flex = torch.compile(flex_attention, dynamic=False)
         return lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
+    if name == "sdpa-cudnn":
+        rep = H // H_KV
+        kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+
+        def run():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, kk, vv, is_causal=True)
+
+        return run
     raise ValueError(name)
 
 
@@ -88,7 +108,8 @@ def _table(request):
     lines = [
         "block_sparse (bf16, B=1 H=28 H_KV=4 D=128, 128x128 blocks, causal)",
         f"{'S':>5} {'dens':>5} {'ours ms':>9} {'flex ms':>9} {'dense ms':>9} "
-        f"{'ours/flex':>9} {'useful TF':>9} {'dense TF':>9} {'TF ratio':>8}",
+        f"{'ours/flex':>9} {'useful TF':>9} {'dense TF':>9} {'TF ratio':>8} {'cudnn ms':>9} "
+        f"{'cudnn/ours':>10}",
     ]
     for s in SEQS:
         for d in DENSITIES:
@@ -100,9 +121,11 @@ def _table(request):
             de = f"{dense['median_ms']:9.2f}" if dense else f"{'-':>9}"
             sp = f"{flex['median_ms'] / ours['median_ms']:9.2f}" if flex else f"{'-':>9}"
             dtf = dense["useful_tflops"] if dense else float("nan")
+            cu = r["sdpa-cudnn"]["median_ms"] if r["sdpa-cudnn"] else float("nan")
             lines.append(
                 f"{s:>5} {d:5.2f} {ours['median_ms']:9.2f} {fl} {de} {sp} "
-                f"{ours['useful_tflops']:9.1f} {dtf:9.1f} {ours['useful_tflops'] / dtf:8.2f}"
+                f"{ours['useful_tflops']:9.1f} {dtf:9.1f} {ours['useful_tflops'] / dtf:8.2f} "
+                f"{cu:9.2f} {cu / ours['median_ms']:10.2f}"
             )
     text = "\n".join(lines)
     if tr is not None:
@@ -120,7 +143,7 @@ def test_block_sparse(benchmark, seq, density, provider):
     S = SEQS[seq]
     q, k, v = _inputs(S)
     bm, pairs, listed = _mask(S, density)
-    if provider == "dense-ours" and density != DENSITIES[0]:
+    if provider in ("dense-ours", "sdpa-cudnn") and density != DENSITIES[0]:
         # one dense timing per length is enough; reuse it for the other densities
         prev = _RESULTS.get((seq, DENSITIES[0], provider))
         if prev is not None:
@@ -128,7 +151,7 @@ def test_block_sparse(benchmark, seq, density, provider):
         pytest.skip("dense timed once per length")
     fn = _provider(provider, q, k, v, bm)
     out = fn()
-    if provider != "dense-ours":
+    if provider not in ("dense-ours", "sdpa-cudnn"):
         # Correctness on the benchmark shape: ours vs flex on a few heads.
         ref = block_sparse_attention(q, k, v, bm, causal=True, check_indices=True).out
         if provider == "flex":
@@ -136,8 +159,9 @@ def test_block_sparse(benchmark, seq, density, provider):
             assert err.item() < 2e-2, f"flex vs ours relative error {err.item():.2e}"
     del out
     torch.cuda.reset_peak_memory_stats()
-    run_benchmark(benchmark, fn, rounds=5 if S >= 131072 else 10)
-    useful = attention_flops(B, H, causal_pairs(S, S) if provider == "dense-ours" else pairs, D)
+    run_benchmark(benchmark, fn, **bench_rounds(S))
+    dense = provider in ("dense-ours", "sdpa-cudnn")
+    useful = attention_flops(B, H, causal_pairs(S, S) if dense else pairs, D)
     record(
         benchmark,
         flops_dense=attention_flops(B, H, causal_pairs(S, S), D),

@@ -71,6 +71,13 @@ def run_benchmark(benchmark, fn: Callable[[], object], *, rounds: int = 10, warm
     return benchmark.pedantic(call, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1)
 
 
+def bench_rounds(S: int) -> dict[str, int]:
+    """Rounds for ``run_benchmark`` by sequence length: fewer where one call takes seconds."""
+    if S >= 524288:
+        return dict(rounds=2, warmup_rounds=1)
+    return dict(rounds=5 if S >= 131072 else 10, warmup_rounds=2)
+
+
 def record(benchmark, *, flops_dense: float, flops_useful: float, **extra) -> None:
     """Store TFLOP/s (from the median) and the environment in ``benchmark.extra_info``."""
     med = benchmark.stats.stats.median

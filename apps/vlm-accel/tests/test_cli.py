@@ -147,29 +147,12 @@ def _logits(model, inputs, applied=None):
         return model(**inputs, use_cache=False).logits
 
 
-def test_dense_policies_equal_unpatched_exactly():
+def test_dense_policies_equal_unpatched_exactly(assert_dense_methods_exact):
     """The all-dense TriangleMix policy and an all-Dense pattern config reproduce the unpatched
     model bit for bit; after remove() the model is unpatched again."""
-    from sparse_patterns import Dense, HeadConfig, PatternConfig
-
     model = engine.tiny_demo_model()
     inputs, layout = engine.video_inputs(model, None, CLIP, "q", frames=4, max_pixels=12544)
-    n = engine.language_model(model).config.num_hidden_layers
-    H = engine.language_model(model).config.num_attention_heads
-    ref = _logits(model, inputs)
-    dense_cfg = PatternConfig("tiny", n, H, ((HeadConfig(Dense()),) * H,) * n, {})
-    for method, kw in [
-        ("dense", {}),
-        ("trianglemix", {"start_layer": n}),
-        ("mminference", {"pattern_config": dense_cfg}),
-    ]:
-        applied = engine.apply_method(model, method, layout=layout, **kw)
-        try:
-            got = _logits(model, inputs, applied)
-        finally:
-            applied.remove()
-        assert torch.equal(got, ref), method
-    assert torch.equal(_logits(model, inputs), ref)
+    assert_dense_methods_exact(model, inputs, layout, "tiny")
 
 
 def test_chunked_norms_and_mlp_restored_and_bad_chunk():

@@ -90,26 +90,9 @@ def test_search_then_run_mminference(mt, checkpoints, tmp_path):
 
 
 @pytest.mark.parametrize("mt", FAMILIES)
-def test_dense_policies_equal_unpatched_exactly(mt, checkpoints):
-    from sparse_patterns import Dense, HeadConfig, PatternConfig
-
+def test_dense_policies_equal_unpatched_exactly(mt, checkpoints, assert_dense_methods_exact):
     model, _, inputs, layout = _load(checkpoints[mt])
-    lm = engine.language_model(model)
-    n, H = lm.config.num_hidden_layers, lm.config.num_attention_heads
-    ref = _logits(model, inputs)
-    dense_cfg = PatternConfig(mt, n, H, ((HeadConfig(Dense()),) * H,) * n, {})
-    for method, kw in [
-        ("dense", {}),
-        ("trianglemix", {"start_layer": n}),
-        ("mminference", {"pattern_config": dense_cfg}),
-    ]:
-        applied = engine.apply_method(model, method, layout=layout, **kw)
-        try:
-            got = _logits(model, inputs, applied)
-        finally:
-            applied.remove()
-        assert torch.equal(got, ref), method
-    assert torch.equal(_logits(model, inputs), ref)
+    assert_dense_methods_exact(model, inputs, layout, mt)
 
 
 @pytest.mark.parametrize("mt", FAMILIES)

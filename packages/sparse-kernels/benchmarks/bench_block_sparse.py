@@ -15,16 +15,15 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 from sparse_kernels import attention, block_sparse_attention
 from sparse_kernels.benchmarking import (
     attention_flops,
     bench_rounds,
     causal_pairs,
+    cudnn_causal,
     record,
     run_benchmark,
 )
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -90,14 +89,7 @@ def _provider(name, q, k, v, bm):
         flex = torch.compile(flex_attention, dynamic=False)
         return lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
     if name == "sdpa-cudnn":
-        rep = H // H_KV
-        kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-
-        def run():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, kk, vv, is_causal=True)
-
-        return run
+        return cudnn_causal(q, k, v)
     raise ValueError(name)
 
 

@@ -18,16 +18,15 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 from sparse_kernels import attention, build_vertical_slash_index, vertical_slash_attention
 from sparse_kernels.benchmarking import (
     attention_flops,
     bench_rounds,
     causal_pairs,
+    cudnn_causal,
     record,
     run_benchmark,
 )
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -120,14 +119,7 @@ def _provider(name, q, k, v, vert, sl, idx):
     if name == "dense-ours":
         return lambda: attention(q, k, v, causal=True).out
     if name == "sdpa-cudnn":
-        rep = H // H_KV
-        kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-
-        def run():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, kk, vv, is_causal=True)
-
-        return run
+        return cudnn_causal(q, k, v)
     raise ValueError(name)
 
 

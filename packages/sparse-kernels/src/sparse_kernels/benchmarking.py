@@ -71,6 +71,21 @@ def run_benchmark(benchmark, fn: Callable[[], object], *, rounds: int = 10, warm
     return benchmark.pedantic(call, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1)
 
 
+def cudnn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """The dense baseline: causal SDPA forced onto cuDNN, K/V repeated for GQA once, outside the
+    timed call."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rep = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+
+    def run():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=True)
+
+    return run
+
+
 def bench_rounds(S: int) -> dict[str, int]:
     """Rounds for ``run_benchmark`` by sequence length: fewer where one call takes seconds."""
     if S >= 524288:

@@ -631,7 +631,9 @@ def _flex_lists(H, nqb, nkb, density, seed):
 def test_identity_perms_match_flex_attention_block_mask():
     # Identity permutations = block-sparse attention with FlexAttention's BlockMask semantics
     # (partial blocks masked by mask_mod = causal, full blocks unmasked).
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from sparse_kernels.testing import flex_attention_compiled
 
     S, H, H_KV, bm, bn = 4096, 8, 2, 128, 128
     q, k, v = make_qkv(1, H, H_KV, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=11)
@@ -651,7 +653,9 @@ def test_identity_perms_match_flex_attention_block_mask():
     block_mask = BlockMask.from_kv_blocks(
         cnt, idx, fcnt, fidx, BLOCK_SIZE=(bm, bn), mask_mod=lambda b, h, i, j: j <= i
     )
-    ref = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    # Eager flex_attention evaluates mask_mod everywhere and ignores the block lists: only the
+    # compiled kernel has BlockMask semantics (listed blocks, full blocks unmasked).
+    ref = flex_attention_compiled(q, k, v, block_mask)
     ours = permuted_block_sparse_attention(
         q, k, v, kv_block_indices=idx, kv_block_counts=cnt, full_kv_block_indices=fidx,
         full_kv_block_counts=fcnt, block_m=bm, block_n=bn,

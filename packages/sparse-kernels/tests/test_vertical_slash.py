@@ -126,6 +126,15 @@ def test_vertical_slash_matches_reference(B, H, H_KV, S, D, BM, BN, NV, NS, dtyp
     _run(B, H, H_KV, S, D, BM, BN, NV, NS, dtype)
 
 
+@pytest.mark.parametrize("tile_n", [16, 32])
+def test_key_tiles_smaller_than_the_block(monkeypatch, tile_n):
+    # fp32 on the GPU walks 32-key tiles inside 128-key blocks: the same attended set.
+    from sparse_kernels.vertical_slash import triton as vs_triton
+
+    monkeypatch.setattr(vs_triton, "_tile_n", lambda dtype, block_n: min(block_n, tile_n))
+    _run(1, 2, 2, 300, 80, 64, 128, 12, 9, torch.float32)
+
+
 def _run(B, H, H_KV, S, D, BM, BN, NV, NS, dtype, seed=0):
     q, k, v = make_qkv(B, H, H_KV, S, S, D, dtype=dtype, device=DEV, seed=seed + S)
     vi, si = make_indices(B, H, S, NV, NS, seed=seed, local=min(NS, 64))

@@ -2,7 +2,7 @@
 
 One program per (query block, batch * head), heaviest (last) query blocks first. It walks the
 block's merged key-block ranges as dense tiles (no element mask strictly below the diagonal,
-causal mask on the diagonal tiles), then the leftover vertical columns, gathered BLOCK_N at a
+causal mask on the diagonal tiles), then the leftover vertical columns, gathered TILE_N at a
 time through their indices (loaded once per chunk) with the causal mask.
 """
 
@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import block_d, configs
+from .._triton.config import FP32_CONFIG, block_d, configs, on_interpreter
 from .._triton.inner import _attn_tile_inner
 
 _GPU_CONFIGS = [
@@ -25,7 +25,7 @@ _GPU_CONFIGS = [
 
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, {}),
-    key=["D", "IEEE", "BLOCK_M", "BLOCK_N"],
+    key=["D", "IEEE", "BLOCK_M", "BLOCK_N", "TILE_N"],
 )
 @triton.jit
 def _vertical_slash_fwd_kernel(
@@ -37,7 +37,7 @@ def _vertical_slash_fwd_kernel(
     stride_o_b, stride_o_h, stride_o_s, stride_o_d,
     R, C, H, GROUP, S, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_N: tl.constexpr,
 ):  # fmt: skip
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -47,7 +47,7 @@ def _vertical_slash_fwd_kernel(
     row = bh.to(tl.int64) * tl.num_programs(0) + start_m  # (b, h, m) row of the index tensors
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
+    offs_n = tl.arange(0, TILE_N)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < S
     d_ok = offs_d < D
@@ -77,17 +77,17 @@ def _vertical_slash_fwd_kernel(
             acc, l_i, m_i, q, k_base, v_base,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d,
             q_pos, offs_n, offs_d, lo, mid, S, qk_scale, 0, 0,
-            D, BLOCK_D, BLOCK_N, False, True, False, IEEE,
+            D, BLOCK_D, TILE_N, False, True, False, IEEE,
         )  # fmt: skip
         acc, l_i, m_i = _attn_tile_inner(
             acc, l_i, m_i, q, k_base, v_base,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d,
             q_pos, offs_n, offs_d, mid, hi, S, qk_scale, 0, 0,
-            D, BLOCK_D, BLOCK_N, True, True, False, IEEE,
+            D, BLOCK_D, TILE_N, True, True, False, IEEE,
         )  # fmt: skip
 
     n_cols = tl.load(ccount_ptr + row)
-    for c0 in range(0, n_cols, BLOCK_N):
+    for c0 in range(0, n_cols, TILE_N):
         c_ok = c0 + offs_n < n_cols
         cols = tl.load(cols_ptr + row * C + c0 + offs_n, mask=c_ok, other=0).to(tl.int64)
         k = tl.load(
@@ -128,6 +128,15 @@ def _vertical_slash_fwd_kernel(
     tl.store(lse_ptr + bh.to(tl.int64) * S + offs_m, lse, mask=row_ok)
 
 
+def _tile_n(dtype: torch.dtype, block_n: int) -> int:
+    # Key ranges are whole BLOCK_N blocks, so any tile dividing BLOCK_N walks them exactly. fp32
+    # dots are exact ("ieee", FMA-emulated): a 64x128x128 one takes ptxas minutes, so fp32 on the
+    # GPU walks 32-key tiles, like the fp32 config of the other kernels (FP32_CONFIG).
+    if dtype == torch.float32 and not on_interpreter():
+        return min(block_n, FP32_CONFIG["BLOCK_N"])
+    return block_n
+
+
 def _launch_vertical_slash_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index, *, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,6 +153,6 @@ def _launch_vertical_slash_fwd(
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         rs.shape[-1], cols.shape[-1], H, H // H_KV, S, scale,
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32,
-        BLOCK_M=index.block_m, BLOCK_N=index.block_n,
+        BLOCK_M=index.block_m, BLOCK_N=index.block_n, TILE_N=_tile_n(q.dtype, index.block_n),
     )  # fmt: skip
     return out, lse

@@ -336,8 +336,8 @@ def build_llava_onevision_inputs(
     """LLaVA-OneVision inputs for one video and a question, built by hand in the layout that
     ``LlavaOnevisionProcessor`` (video processor + llava-hf chat template) produces:
 
-    - ``pixel_values_videos`` ``[1, N, 3, S, S]``: every frame resized (antialiased bicubic,
-      rounded to uint8 levels) to the vision tower's ``S = image_size`` square, scaled to
+    - ``pixel_values_videos`` ``[1, N, 3, S, S]``: every frame resized (antialiased bicubic
+      on uint8, as torchvision) to the vision tower's ``S = image_size`` square, scaled to
       [0, 1], normalised with ``image_mean`` /
       ``image_std`` (defaults: the video processor's class defaults, OpenAI CLIP);
     - ``input_ids``: ``"<|im_start|>user "``, then the video token repeated
@@ -352,16 +352,30 @@ def build_llava_onevision_inputs(
             "build_llava_onevision_inputs: expected a llava_onevision config, "
             f"got {getattr(config, 'model_type', None)!r}"
         )
-    if not isinstance(frames, torch.Tensor) or frames.ndim != 4 or frames.shape[-1] != 3:
-        got = tuple(frames.shape) if isinstance(frames, torch.Tensor) else type(frames).__name__
+    if (
+        not isinstance(frames, torch.Tensor)
+        or frames.ndim != 4
+        or frames.shape[-1] != 3
+        or frames.dtype != torch.uint8
+    ):
+        got = (
+            f"{frames.dtype} {tuple(frames.shape)}"
+            if isinstance(frames, torch.Tensor)
+            else type(frames).__name__
+        )
         raise ValueError(f"frames: expected uint8 [N, H, W, 3], got {got}")
     size = int(config.vision_config.image_size)
-    # As the video processor: antialiased bicubic resize of the uint8 frames (rounded back to
-    # uint8 levels), then rescale and normalise.
+    # As the video processor: antialiased bicubic resize of the uint8 frames, on torch's uint8
+    # path (two separable passes, each rounded and clamped to uint8 levels, as torchvision
+    # does; one float pass differs by up to 8 levels where the bicubic lobes overshoot), then
+    # rescale and normalise.
     x = torch.nn.functional.interpolate(
-        frames.permute(0, 3, 1, 2).float(), size=(size, size), mode="bicubic", antialias=True
+        frames.detach().cpu().permute(0, 3, 1, 2).contiguous(),
+        size=(size, size),
+        mode="bicubic",
+        antialias=True,
     )
-    x = x.round().clamp(0, 255) / 255.0
+    x = x.float() / 255.0
     mean = torch.tensor(image_mean, dtype=x.dtype)[None, :, None, None]
     std = torch.tensor(image_std, dtype=x.dtype)[None, :, None, None]
     pixels = ((x - mean) / std)[None]

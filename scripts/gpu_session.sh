@@ -2,6 +2,8 @@
 # One call on a lent GPU machine: install the carried wheels (nox), print the machine, then run the
 # nox sessions named in $GPU_STEPS. Logs and benchmark JSON go to $OUT.
 #   GPU_STEPS="tests bench" TESTS="paths..." BENCHES="paths..." bash scripts/gpu_session.sh
+# Any other step is a bash command; in it, `pybench NAME ARGS...` runs pytest-benchmark on ARGS
+# (files, -k filters) with the packages' sources on the path and writes $OUT/NAME.json.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -15,6 +17,14 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'cuda', torch.version.cuda)"
   date -u
 } 2>&1 | tee "$OUT/env.txt"
+pybench() {
+  local name=$1; shift
+  PYTHONPATH=$(ls -d "$PWD"/packages/*/src "$PWD"/apps/*/src | tr '\n' ':')${PYTHONPATH:-} \
+    TRITON_INTERPRET=0 python3 -m pytest "$@" --benchmark-only --benchmark-json="$OUT/$name.json" \
+    -p no:cacheprovider -o python_files='bench_*.py' -q
+}
+export -f pybench
+export OUT
 rc=0
 for step in ${GPU_STEPS:-tests bench}; do
   case $step in

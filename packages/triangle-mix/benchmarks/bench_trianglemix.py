@@ -1,5 +1,11 @@
-"""End-to-end prefill (TTFT) of a Llama-3.1-8B-shaped model (random bf16 weights): dense (SDPA,
-cuDNN backend) vs TriangleMix (dense below the start layer, triangle from it) on one GPU."""
+"""End-to-end prefill (TTFT) of a Llama-3.1-8B-shaped model (random bf16 weights) on one GPU:
+
+- ``dense``: HF SDPA under the cuDNN backend in every layer;
+- ``trianglemix``: dense below the start layer, triangle (sink 8, window 512, last 128) from it;
+- ``vs+trianglemix``: the same, with MInference's Vertical-Slash (online estimation from the last
+  64 queries, 1000 verticals, 6096 slashes; ``sparse_patterns.estimate_vertical_slash`` +
+  ``sparse_kernels.vertical_slash_attention``) in the shallow layers instead of dense.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +48,20 @@ def _prefill(model, ids):
         return model(ids, use_cache=False, logits_to_keep=1).logits
 
 
-@pytest.mark.parametrize("method", ["dense", "trianglemix"])
+def _vertical_slash_dynamic():
+    from sparse_kernels import vertical_slash_attention
+    from sparse_patterns import VerticalSlash, estimate_vertical_slash
+
+    pattern = VerticalSlash(n_vertical=1000, n_slash=6096)
+
+    def dynamic(q, k, v, *, layer_idx, scale):
+        vert, slash = estimate_vertical_slash(q, k, pattern, scale=scale)
+        return vertical_slash_attention(q, k, v, vert, slash, scale=scale).out
+
+    return dynamic
+
+
+@pytest.mark.parametrize("method", ["dense", "trianglemix", "vs+trianglemix"])
 @pytest.mark.parametrize("length", list(LENGTHS))
 def test_prefill_ttft(benchmark, length, method):
     from triangle_mix.integrations.hf import apply_triangle_mix
@@ -55,6 +74,9 @@ def test_prefill_ttft(benchmark, length, method):
     handle = None
     if method == "trianglemix":
         handle = apply_triangle_mix(model, LayerPolicy.triangle_from(32, START))
+    elif method == "vs+trianglemix":
+        policy = LayerPolicy.triangle_from(32, START, shallow="dynamic")
+        handle = apply_triangle_mix(model, policy, dynamic=_vertical_slash_dynamic())
     try:
         logits = _prefill(model, ids)
         assert torch.isfinite(logits).all()

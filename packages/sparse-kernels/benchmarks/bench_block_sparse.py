@@ -54,7 +54,7 @@ def _lists(sel):
 
 @functools.cache
 def _mask(S, density):
-    """(BlockMask, attended pairs) for a random per-head causal block pattern."""
+    """(BlockMask, attended pairs per head, listed fraction) for a random per-head causal block pattern."""
     from torch.nn.attention.flex_attention import BlockMask
 
     nb = S // BLOCK
@@ -72,7 +72,8 @@ def _mask(S, density):
         return q_idx >= kv_idx
 
     bm = BlockMask.from_kv_blocks(pn, pi, fn, fi, BLOCK_SIZE=BLOCK, mask_mod=causal)
-    pairs = int(sel.sum()) * BLOCK * BLOCK + B * H * nb * BLOCK * (BLOCK + 1) // 2
+    # attended (query, key) pairs per (batch, head), averaged: attention_flops multiplies by B*H
+    pairs = (int(sel.sum()) * BLOCK * BLOCK + B * H * nb * BLOCK * (BLOCK + 1) // 2) / (B * H)
     listed = (int(sel.sum()) + B * H * nb) / (B * H * nb * (nb + 1) / 2)
     return bm, pairs, listed
 

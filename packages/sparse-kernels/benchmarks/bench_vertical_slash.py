@@ -13,7 +13,6 @@ Run: ``nox -s bench -- packages/sparse-kernels/benchmarks/bench_vertical_slash.p
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import pytest
@@ -23,6 +22,7 @@ from sparse_kernels.benchmarking import (
     attention_flops,
     bench_rounds,
     causal_pairs,
+    clustered_vertical_slash_indices,
     cudnn_causal,
     record,
     run_benchmark,
@@ -55,21 +55,9 @@ def _inputs(S):
 
 @functools.cache
 def _indices(S):
-    g = torch.Generator().manual_seed(1)
-    vert = torch.rand(B * H, S, generator=g).topk(NV, dim=-1).indices
-    vert = vert.sort(-1).values.to(torch.int32).reshape(B, H, NV)
-    rows = []
-    for _ in range(B * H):
-        # clusters of RUN consecutive offsets at log-uniform centres in [LOCAL, S)
-        chosen = dict.fromkeys(range(LOCAL))
-        while len(chosen) < NS:
-            c = math.exp(math.log(LOCAL) + float(torch.rand((), generator=g)) * math.log(S / LOCAL))
-            for o in range(int(c), min(int(c) + RUN, S)):
-                if len(chosen) < NS:
-                    chosen.setdefault(o)
-        rows.append(torch.tensor(sorted(chosen)))
-    sl = torch.stack(rows).to(torch.int32).reshape(B, H, NS)
-    return vert.cuda(), sl.cuda()
+    return clustered_vertical_slash_indices(
+        B, H, S, NV, NS, local=LOCAL, run=RUN, seed=1, device="cuda"
+    )
 
 
 def _attended_pairs(idx) -> int:
@@ -178,7 +166,10 @@ def test_vertical_slash(benchmark, seq, provider):
     record(
         benchmark,
         flops_dense=attention_flops(B, H, dense_pairs, D),
-        flops_useful=attention_flops(B, H, pairs if sparse else dense_pairs, D),
+        # pairs is summed over (batch, head); dense_pairs is per head
+        flops_useful=attention_flops(1, 1, pairs, D)
+        if sparse
+        else attention_flops(B, H, dense_pairs, D),
         provider=provider,
         seq=seq,
         n_vertical=NV,

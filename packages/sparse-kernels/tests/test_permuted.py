@@ -631,9 +631,8 @@ def _flex_lists(H, nqb, nkb, density, seed):
 def test_identity_perms_match_flex_attention_block_mask():
     # Identity permutations = block-sparse attention with FlexAttention's BlockMask semantics
     # (partial blocks masked by mask_mod = causal, full blocks unmasked).
-    from torch.nn.attention.flex_attention import BlockMask
-
     from sparse_kernels.testing import flex_attention_compiled
+    from torch.nn.attention.flex_attention import BlockMask
 
     S, H, H_KV, bm, bn = 4096, 8, 2, 128, 128
     q, k, v = make_qkv(1, H, H_KV, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=11)

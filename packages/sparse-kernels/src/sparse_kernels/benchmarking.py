@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import platform
 from collections.abc import Callable
 
@@ -103,3 +104,37 @@ def record(benchmark, *, flops_dense: float, flops_useful: float, **extra) -> No
     if torch.cuda.is_available():
         benchmark.extra_info["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     benchmark.extra_info.update(extra)
+
+
+def clustered_vertical_slash_indices(
+    B: int,
+    H: int,
+    S: int,
+    n_vertical: int,
+    n_slash: int,
+    *,
+    local: int = 64,
+    run: int = 64,
+    seed: int = 1,
+    device: str | torch.device = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic MInference-like Vertical-Slash indices (int32, sorted): ``n_vertical`` columns
+    uniform over ``[0, S)``; slashes = the ``local`` offsets ``0..local-1`` plus runs of ``run``
+    adjacent offsets starting at log-uniform points of ``[local, S)`` (estimated slashes
+    cluster; single slashes spread over ``[0, S)`` would each cost a band of keys per row after
+    block rounding and make the pattern nearly dense). Returns ``[B, H, NV]``, ``[B, H, NS]``."""
+    g = torch.Generator().manual_seed(seed)
+    vert = torch.rand(B * H, S, generator=g).topk(n_vertical, dim=-1).indices
+    vert = vert.sort(-1).values.to(torch.int32).reshape(B, H, n_vertical)
+    rows = []
+    for _ in range(B * H):
+        chosen = dict.fromkeys(range(min(local, n_slash)))
+        while len(chosen) < n_slash:
+            u = float(torch.rand((), generator=g))
+            c = int(math.exp(math.log(local) + u * math.log(S / local)))
+            for o in range(c, min(c + run, S)):
+                if len(chosen) < n_slash:
+                    chosen.setdefault(o)
+        rows.append(torch.tensor(sorted(chosen)))
+    slash = torch.stack(rows).to(torch.int32).reshape(B, H, n_slash)
+    return vert.to(device), slash.to(device)

@@ -29,6 +29,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--eval-rows", type=int, default=512)
     ap.add_argument("--out", default=str(HERE / "configs" / "smollm2-135m.json"))
+    ap.add_argument(
+        "--min-output-recall",
+        type=float,
+        default=None,
+        help="per-head output-recall floor (search_layer's min_output_recall; default off)",
+    )
+    ap.add_argument("--skip-recall", action="store_true", help="only run the search")
     args = ap.parse_args()
     torch.manual_seed(0)
     model, tok = load_smollm2()
@@ -37,7 +44,7 @@ def main() -> None:
     inputs = {"input_ids": ids}
     rows = eval_rows(S, args.eval_rows, "cpu")
     print(f"# SmolLM2-135M, S={S}")
-    for nv, ns in ((1000, 1024), (1000, 2048), (250, 256)):
+    for nv, ns in () if args.skip_recall else ((1000, 1024), (1000, 2048), (250, 256)):
         pat = HeadConfig(VerticalSlash(n_vertical=nv, n_slash=ns))
         res = []
         for li, q, k, v in capture_qkv(model, inputs, layers=[0, 5, 10, 15, 20, 25, 29]):
@@ -55,7 +62,13 @@ def main() -> None:
             )
     t = time.time()
     cfg = search_config(
-        model, inputs, None, model_id=MODEL_ID, block=64, n_eval_rows=args.eval_rows
+        model,
+        inputs,
+        None,
+        model_id=MODEL_ID,
+        block=64,
+        n_eval_rows=args.eval_rows,
+        min_output_recall=args.min_output_recall,
     )
     cfg.metadata["calibration_tokens"] = S
     cfg.metadata["search_seconds"] = round(time.time() - t, 1)

@@ -72,6 +72,38 @@ def test_search_respects_the_budget():
     assert all(c.pattern == tiny for c in chosen)
 
 
+def test_min_output_recall_goes_over_budget_or_dense():
+    """With a floor, a head whose in-budget choice recalls less gets the cheapest candidate
+    reaching the floor (over budget), or Dense when none does; without it, the budget rules."""
+    from sparse_patterns import Dense
+
+    q, k, v, lay = _mixed_layer()
+    tiny = AShape(sink=1, window=8)
+    kw = dict(candidates=CANDS, budget_pattern=tiny, budget_slack=1.0, block=32)
+    base, base_info = search_layer(q, k, v, lay, **kw)
+    assert all(c.pattern == tiny for c in base)  # nothing fits the tiny budget
+    chosen, info = search_layer(q, k, v, lay, min_output_recall=0.8, **kw)
+    assert info["min_output_recall"] == 0.8
+    # every head has a candidate reaching 0.8, over the tiny budget: the cheapest such one
+    for h, hi in enumerate(info["heads"]):
+        assert hi["output_recall"] >= 0.8 and hi["over_budget"] is True
+        assert hi["cost"] > info["budget"][h]
+    assert [type(c.pattern) for c in chosen] == [Grid, Grid, VerticalSlash, VerticalSlash]
+    # A floor no candidate reaches: every head dense.
+    chosen, info = search_layer(q, k, v, lay, min_output_recall=1.0, **kw)
+    assert all(c.pattern == Dense() for c in chosen)
+    assert all(hi["dense_fallback"] and hi["output_recall"] == 1.0 for hi in info["heads"])
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5, "0.9"])
+def test_min_output_recall_rejects_out_of_range(bad):
+    q, k, v, lay = _mixed_layer()
+    with pytest.raises(
+        ValueError, match=r"min_output_recall: expected None or a float in \(0, 1\]"
+    ):
+        search_layer(q, k, v, lay, candidates=CANDS, block=32, min_output_recall=bad)
+
+
 def test_search_config_from_a_tensor_provider(tmp_path):
     q, k, v, lay = _mixed_layer()
 

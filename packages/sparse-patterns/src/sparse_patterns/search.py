@@ -34,6 +34,7 @@ from .metrics import eval_rows, recall_many
 from .mminference import plan_layer
 from .patterns import (
     AShape,
+    Dense,
     Grid,
     HeadConfig,
     NoBoundary,
@@ -139,14 +140,27 @@ def search_layer(
     n_eval_rows: int | None = None,
     cost: str = "auto",
     cost_table: CostTable | None = None,
+    min_output_recall: float | None = None,
 ) -> tuple[tuple[HeadConfig, ...], dict]:
     """Search one layer from its calibration ``q [1, H, S, D]``, ``k``, ``v``.
+
+    Per head, the candidate with the best output recall among those whose cost fits the budget
+    (the paper's Algorithm 4); the budget pattern when none fits. ``min_output_recall`` (not in
+    the paper; ``None`` = off) puts accuracy before the budget: a head whose choice recalls less
+    gets the cheapest candidate that reaches the floor even over budget (``"over_budget"`` in
+    its info), or ``Dense`` when no candidate does (``"dense_fallback"``).
 
     Returns the chosen HeadConfig per query head and info (per-head output recall, mass
     recall, cost, budget, cost model).
     """
     if cost not in ("auto", "measured", "blocks"):
         raise ValueError(f"cost: expected 'auto', 'measured' or 'blocks', got {cost!r}")
+    if min_output_recall is not None and not (
+        isinstance(min_output_recall, (int, float)) and 0.0 < min_output_recall <= 1.0
+    ):
+        raise ValueError(
+            f"min_output_recall: expected None or a float in (0, 1], got {min_output_recall!r}"
+        )
     measured = cost == "measured" or (cost == "auto" and q.is_cuda)
     if measured and not q.is_cuda:
         raise NotImplementedError("cost='measured' needs CUDA tensors (the kernel is timed)")
@@ -201,19 +215,37 @@ def search_layer(
     chosen, info_heads = [], []
     for h in range(H):
         c = int(best[h])
-        if not bool(fits[c, h]):
+        fit = bool(fits[c, h])
+        flags: dict[str, bool] = {}
+        if min_output_recall is not None and not (
+            fit and float(out_rec[c, h]) >= min_output_recall
+        ):
+            reach = (out_rec[:, h] >= min_output_recall).nonzero().flatten()
+            if reach.numel():
+                c = int(reach[costs[reach, h].argmin()])
+                fit = True
+                flags["over_budget"] = not bool(fits[c, h])
+            else:
+                chosen.append(HeadConfig(Dense(), NoBoundary()))
+                info_heads.append(
+                    {"output_recall": 1.0, "mass_recall": 1.0, "cost": float("nan"),
+                     "dense_fallback": True}
+                )  # fmt: skip
+                continue
+        if not fit:
             hc = HeadConfig(budget_pattern, NoBoundary())
             c_out, c_mass, c_cost = float("nan"), float("nan"), float(budget[h] / budget_slack)
         else:
             hc = results[c][0]
             c_out, c_mass, c_cost = float(out_rec[c, h]), float(mass_rec[c, h]), float(costs[c, h])
         chosen.append(hc)
-        info_heads.append({"output_recall": c_out, "mass_recall": c_mass, "cost": c_cost})
+        info_heads.append({"output_recall": c_out, "mass_recall": c_mass, "cost": c_cost, **flags})
     info = {
         "heads": info_heads,
         "budget": [float(b) for b in budget],
         "cost_model": "measured_kernel_ms" if measured else "computed_blocks_proxy",
         "n_candidates": len(results),
+        "min_output_recall": min_output_recall,
     }
     return tuple(chosen), info
 
@@ -245,8 +277,6 @@ def search_config(
             ``default`` (Dense).
         search_kwargs: passed to :func:`search_layer` (candidates, budget_pattern, block, ...).
     """
-    from .patterns import Dense
-
     if callable(model_or_qkv_provider) and not hasattr(model_or_qkv_provider, "config"):
         items = model_or_qkv_provider(inputs)
     else:

@@ -73,7 +73,10 @@ def _attended_pairs(idx) -> int:
         r = i[m * BM : m * BM + int(rows[m])]
         keys = torch.clamp(r[:, None] + 1 - torch.arange(nkb, device=i.device)[None, :] * BN, 0, BN)
         per_tile[m] = keys.sum(0)
-    tile_pairs = int((tiles.to(torch.int64) * per_tile).sum())
+    # one head at a time: an int64 [B, H, NQB, NKB] product is 15 GiB at 512K
+    tile_pairs = sum(
+        int((tiles[:, h].to(torch.int64) * per_tile).sum()) for h in range(tiles.shape[1])
+    )
     C = idx.columns.shape[-1]
     valid = torch.arange(C, device=i.device) < idx.column_count[..., None]
     last = (torch.clamp((torch.arange(nqb, device=i.device) + 1) * BM, max=S) - 1)[:, None]

@@ -40,13 +40,19 @@ class VerticalSlashIndex:
 
     def tile_mask(self) -> torch.Tensor:
         """``[B, H, NQB, NKB]`` bool: the key blocks covered by the ranges."""
+        # A difference array over key blocks (+1 where a range starts, -1 where it ends), so
+        # memory is one int32 per (query block, key block), not one per range as well.
         nkb = -(-self.seq_len // self.block_n)
-        n = torch.arange(nkb, device=self.range_start.device)
+        dev = self.range_start.device
         R = self.range_start.shape[-1]
-        valid = torch.arange(R, device=n.device) < self.range_count[..., None]
-        s, e = self.range_start[..., None], self.range_end[..., None]
-        inside = (n >= s) & (n < e) & valid[..., None]
-        return inside.any(dim=-2)
+        s = self.range_start.to(torch.int64).clamp(0, nkb)
+        e = self.range_end.to(torch.int64).clamp(0, nkb)
+        valid = (torch.arange(R, device=dev) < self.range_count[..., None]) & (e > s)
+        one = valid.to(torch.int32)
+        diff = torch.zeros(*s.shape[:-1], nkb + 1, dtype=torch.int32, device=dev)
+        diff.scatter_add_(-1, torch.where(valid, s, nkb), one)
+        diff.scatter_add_(-1, torch.where(valid, e, nkb), -one)
+        return diff[..., :nkb].cumsum(-1, dtype=torch.int32) > 0
 
     def to_dense(self) -> torch.Tensor:
         """``[B, H, S, S]`` bool: the exact attended set this index executes (causal)."""

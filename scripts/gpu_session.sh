@@ -5,13 +5,7 @@
 # Any other step is a bash command; in it, `pybench NAME ARGS...` runs pytest-benchmark on ARGS
 # (files, -k filters) with the packages' sources on the path and writes $OUT/NAME.json.
 set -uo pipefail
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$(dirname "$0")/gpu_env.sh"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'cuda', torch.version.cuda)"
@@ -24,7 +18,6 @@ pybench() {
     -p no:cacheprovider -o python_files='bench_*.py' -q
 }
 export -f pybench
-export OUT
 rc=0
 for step in ${GPU_STEPS:-tests bench}; do
   case $step in

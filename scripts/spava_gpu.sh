@@ -3,14 +3,9 @@
 # benchmark under torchrun, and spava-run's tiny demo under accelerate launch. Logs/JSON in $OUT.
 #   SPAVA_SEQS=262144 SPAVA_HOSTS="4 2" bash scripts/spava_gpu.sh
 set -uo pipefail
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source "$(dirname "$0")/gpu_env.sh"
 export PYTHONPATH=$(ls -d "$PWD"/packages/*/src "$PWD"/apps/*/src | tr '\n' ':')${PYTHONPATH:-}
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TRITON_INTERPRET=0
+export TRITON_INTERPRET=0
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   nvidia-smi topo -m

@@ -198,3 +198,23 @@ def test_video_inputs_carry_mm_token_type_ids_for_mrope():
     with_mm = _logits(model, inputs)
     without = _logits(model, {k: v for k, v in inputs.items() if k != "mm_token_type_ids"})
     assert not torch.allclose(with_mm, without)
+
+
+def test_shipped_tiny_config_fits_the_demo_model_and_runs(capsys):
+    """The searched config shipped for the tiny Qwen2.5-VL (``vlm-accel search --model tiny
+    --frames 64``) loads, matches the demo model's layers and heads, and drives ``run``."""
+    from importlib.resources import files
+
+    from sparse_patterns import PatternConfig
+
+    path = files("vlm_accel.configs") / "tiny_qwen2_5_vl.patterns.json"
+    cfg = PatternConfig.load(str(path))
+    lm_cfg = engine.language_model(engine.tiny_demo_model()).config
+    assert (cfg.num_layers, cfg.num_heads) == (
+        lm_cfg.num_hidden_layers,
+        lm_cfg.num_attention_heads,
+    )
+    assert cfg.metadata["searched_layers"] == list(range(cfg.num_layers))
+    args = ["run", *BASE, "--method", "mminference", "--config", str(path), "--max-new-tokens", "2"]
+    assert main(args) == EXIT_OK
+    assert "answer:" in capsys.readouterr().out

@@ -94,28 +94,34 @@ def _rounds(S: int) -> int:
     return 3 if S >= 524288 else 10
 
 
-@functools.cache
-def _video_qkv(S: int):
-    """Planted grid on the GPU: vertical lines at ``j = phase (mod TPF)`` (phase per KV head) and
-    slash lines ``i = j (mod TPF)`` via 32 frequency pairs of ``(i mod TPF)``."""
-    g = torch.Generator(device=DEV).manual_seed(0)
-    dev = DEV
-    q = torch.randn(B, H, S, D, device=dev, generator=g) * 0.4
-    k = torch.randn(B, H_KV, S, D, device=dev, generator=g) * 0.4
-    v = torch.randn(B, H_KV, S, D, device=dev, generator=g)
-    i = torch.arange(S, device=dev)
-    amp = (10.0 * D**0.5) ** 0.5
+def planted_video_qkv(S: int, *, heads: int, kv_heads: int, dim: int, tpf: int, device):
+    """Planted grid, float32 ``[1, heads, S, dim]`` / ``[1, kv_heads, S, dim]`` x2: vertical lines
+    at ``j = phase (mod tpf)`` (phase ``37 * kv_head mod tpf``) and slash lines ``i = j (mod tpf)``
+    via 32 frequency pairs of ``(i mod tpf)``, each adding logit ~10 (also used by
+    ``grid_planted_mass.py``)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(1, heads, S, dim, device=device, generator=g) * 0.4
+    k = torch.randn(1, kv_heads, S, dim, device=device, generator=g) * 0.4
+    v = torch.randn(1, kv_heads, S, dim, device=device, generator=g)
+    i = torch.arange(S, device=device)
+    amp = (10.0 * dim**0.5) ** 0.5
     q[..., 0] += amp
-    phases = (torch.arange(H_KV, device=dev) * 37) % TPF
-    on_line = ((i[None, :] - phases[:, None]) % TPF) == 0  # [H_KV, S]
+    phases = (torch.arange(kv_heads, device=device) * 37) % tpf
+    on_line = ((i[None, :] - phases[:, None]) % tpf) == 0  # [kv_heads, S]
     k[0, :, :, 0] += amp * on_line
-    n_freq = min(32, (D - 2) // 2)
-    m = torch.arange(1, n_freq + 1, device=dev, dtype=torch.float32)
-    ang = 2 * math.pi * (i % TPF).float()[:, None] * m[None, :] / TPF
-    code = torch.cat([torch.cos(ang), torch.sin(ang)], -1)  # [S, 64]
-    c = (10.0 * D**0.5 / n_freq) ** 0.5
+    n_freq = min(32, (dim - 2) // 2)
+    m = torch.arange(1, n_freq + 1, device=device, dtype=torch.float32)
+    ang = 2 * math.pi * (i % tpf).float()[:, None] * m[None, :] / tpf
+    code = torch.cat([torch.cos(ang), torch.sin(ang)], -1)  # [S, 2 * n_freq]
+    c = (10.0 * dim**0.5 / n_freq) ** 0.5
     q[..., 1 : 1 + 2 * n_freq] += c * code
     k[..., 1 : 1 + 2 * n_freq] += c * code
+    return q, k, v
+
+
+@functools.cache
+def _video_qkv(S: int):
+    q, k, v = planted_video_qkv(S, heads=H, kv_heads=H_KV, dim=D, tpf=TPF, device=DEV)
     dt = torch.float32 if SMOKE else torch.bfloat16
     return q.to(dt), k.to(dt), v.to(dt)
 

@@ -54,7 +54,8 @@ def _lists(sel):
 
 @functools.cache
 def _mask(S, density):
-    """(BlockMask, attended pairs per head, listed fraction) for a random per-head causal block pattern."""
+    """(BlockMask, attended pairs of all heads, listed fraction) for a random per-head causal
+    block pattern."""
     from torch.nn.attention.flex_attention import BlockMask
 
     nb = S // BLOCK
@@ -72,8 +73,8 @@ def _mask(S, density):
         return q_idx >= kv_idx
 
     bm = BlockMask.from_kv_blocks(pn, pi, fn, fi, BLOCK_SIZE=BLOCK, mask_mod=causal)
-    # attended (query, key) pairs per (batch, head), averaged: attention_flops multiplies by B*H
-    pairs = (int(sel.sum()) * BLOCK * BLOCK + B * H * nb * BLOCK * (BLOCK + 1) // 2) / (B * H)
+    # attended (query, key) pairs summed over (batch, head)
+    pairs = int(sel.sum()) * BLOCK * BLOCK + B * H * nb * BLOCK * (BLOCK + 1) // 2
     listed = (int(sel.sum()) + B * H * nb) / (B * H * nb * (nb + 1) / 2)
     return bm, pairs, listed
 
@@ -154,7 +155,10 @@ def test_block_sparse(benchmark, seq, density, provider):
     torch.cuda.reset_peak_memory_stats()
     run_benchmark(benchmark, fn, **bench_rounds(S))
     dense = provider in ("dense-ours", "sdpa-cudnn")
-    useful = attention_flops(B, H, causal_pairs(S, S) if dense else pairs, D)
+    # pairs is summed over (batch, head); causal_pairs is per head
+    useful = (
+        attention_flops(B, H, causal_pairs(S, S), D) if dense else attention_flops(1, 1, pairs, D)
+    )
     record(
         benchmark,
         flops_dense=attention_flops(B, H, causal_pairs(S, S), D),

@@ -8,3 +8,6 @@ if [ -d .whl ]; then
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The packages' and apps' sources, for running them in the machine's own Python (no install).
+SRC_PATH=$(ls -d "$PWD"/packages/*/src "$PWD"/apps/*/src | tr '\n' ':')
+export SRC_PATH

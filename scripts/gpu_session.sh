@@ -13,7 +13,7 @@ source "$(dirname "$0")/gpu_env.sh"
 } 2>&1 | tee "$OUT/env.txt"
 pybench() {
   local name=$1; shift
-  PYTHONPATH=$(ls -d "$PWD"/packages/*/src "$PWD"/apps/*/src | tr '\n' ':')${PYTHONPATH:-} \
+  PYTHONPATH=$SRC_PATH${PYTHONPATH:-} \
     TRITON_INTERPRET=0 python3 -m pytest "$@" --benchmark-only --benchmark-json="$OUT/$name.json" \
     -p no:cacheprovider -o python_files='bench_*.py' -q
 }

@@ -4,7 +4,7 @@
 #   SPAVA_SEQS=262144 SPAVA_HOSTS="4 2" bash scripts/spava_gpu.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-export PYTHONPATH=$(ls -d "$PWD"/packages/*/src "$PWD"/apps/*/src | tr '\n' ':')${PYTHONPATH:-}
+export PYTHONPATH=$SRC_PATH${PYTHONPATH:-}
 export TRITON_INTERPRET=0
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv

@@ -24,7 +24,9 @@ Run (one GPU; a 1M dense prefill takes minutes, so give lengths per call if a ca
 ``--smoke`` runs the same code on the CPU at a tiny shape (a dry run of the logic, not a result).
 Output JSON: one row per (length, method): ``ttft_s`` (median of ``--repeat`` timed prefills after
 one warm-up), ``parts_ms`` (attention, estimation, mlp, other; from CUDA events in one extra
-prefill), ``peak_gib``, and the environment.
+prefill), ``peak_gib``, and the environment. For 1M, where one dense prefill takes minutes,
+``--warmup-tokens 8192 --single-pass`` warms up on a short input and times one event-timed
+prefill (TTFT and parts from the same pass).
 """
 
 from __future__ import annotations
@@ -187,6 +189,21 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
     return apply_triangle_mix(model, pol, dynamic=dynamic)
 
 
+def _rewarm(model, handle, method, dims, layout, tokens, device, dtype, timer, chunk):
+    """Runs one prefill at ``tokens`` tokens (its own layout) and re-applies the method for the
+    real layout; returns the new handle."""
+    if handle is not None:
+        handle.remove()
+    x = torch.randn(1, tokens, dims["hidden"], device=device, dtype=dtype)
+    h = _apply(model, method, dims, _layout(tokens, dims["tpf"], device), timer)
+    try:
+        _prefill(model, x, _positions(tokens, dims["tpf"], device), chunk)
+    finally:
+        if h is not None:
+            h.remove()
+    return _apply(model, method, dims, layout, timer)
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -202,7 +219,8 @@ def _prefill(model, embeds, pos, chunk: int):
     return h[:, -1]
 
 
-def bench(lengths, methods, *, device: str, dims: dict, repeat: int, chunk: int) -> list[dict]:
+def bench(lengths, methods, *, device: str, dims: dict, repeat: int, chunk: int,
+          warmup_tokens: int | None = None, single_pass: bool = False) -> list[dict]:
     from sparse_kernels.benchmarking import env_info
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -223,31 +241,39 @@ def bench(lengths, methods, *, device: str, dims: dict, repeat: int, chunk: int)
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
                 try:
-                    last = _prefill(model, embeds, pos, chunk)  # warm-up + correctness check
+                    if warmup_tokens is None:
+                        last = _prefill(model, embeds, pos, chunk)  # warm-up + correctness check
+                    else:  # a short warm-up (compiles, tunes) when a full-length pass is too long
+                        handle = _rewarm(model, handle, method, dims, layout, warmup_tokens,
+                                         device, dtype, timer, chunk)  # fmt: skip
+                        last = None
+                    times = []
+                    for _ in range(0 if single_pass else repeat):
+                        _sync(device)
+                        t0 = time.perf_counter()
+                        _prefill(model, embeds, pos, chunk)
+                        _sync(device)
+                        times.append(time.perf_counter() - t0)
+                    hooks = _hook_parts(model, timer)
+                    timer.on = True
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    out = _prefill(model, embeds, pos, chunk)
+                    _sync(device)
+                    total_ms = (time.perf_counter() - t0) * 1e3
+                    timer.on = False
+                    for hk in hooks:
+                        hk.remove()
                 except torch.OutOfMemoryError:
                     rows.append({"length": name, "tokens": S, "method": method, "error": "OOM"})
                     print(f"{name:>5s} {method:26s} out of memory", flush=True)
                     continue
+                last = out if last is None else last
+                if single_pass:  # the timed prefill is the event-timed one
+                    times = [total_ms / 1e3]
                 if not torch.isfinite(last).all():
                     raise RuntimeError(f"{method} at {name}: non-finite output")
                 ref = last.float() if ref is None else ref
-                times = []
-                for _ in range(repeat):
-                    _sync(device)
-                    t0 = time.perf_counter()
-                    _prefill(model, embeds, pos, chunk)
-                    _sync(device)
-                    times.append(time.perf_counter() - t0)
-                hooks = _hook_parts(model, timer)
-                timer.on = True
-                _sync(device)
-                t0 = time.perf_counter()
-                _prefill(model, embeds, pos, chunk)
-                _sync(device)
-                total_ms = (time.perf_counter() - t0) * 1e3
-                timer.on = False
-                for hk in hooks:
-                    hk.remove()
                 parts = timer.totals_ms()
                 parts["attention"] = parts.get("attention", 0.0) - parts.get("estimation", 0.0)
                 parts["other"] = total_ms - sum(parts.values())
@@ -261,6 +287,7 @@ def bench(lengths, methods, *, device: str, dims: dict, repeat: int, chunk: int)
                 "ttft_s": statistics.median(times), "times_s": times,
                 "parts_ms": {k: round(v, 3) for k, v in sorted(parts.items())},
                 "peak_gib": peak, "last_hidden_cosine_vs_first_method": cos,
+                "warmup_tokens": warmup_tokens or S, "single_pass": single_pass,
             })  # fmt: skip
             print(f"{name:>5s} {method:26s} TTFT {rows[-1]['ttft_s']:9.3f} s  parts(ms) "
                   f"{rows[-1]['parts_ms']}", flush=True)  # fmt: skip
@@ -279,6 +306,10 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default=",".join(METHODS), help=f"of {', '.join(METHODS)}")
     p.add_argument("--repeat", type=int, default=1, help="timed prefills per row (median)")
     p.add_argument("--mlp-chunk", type=int, default=32768)
+    p.add_argument("--warmup-tokens", type=int, default=None,
+                   help="warm up at this many tokens instead of a full-length prefill")
+    p.add_argument("--single-pass", action="store_true",
+                   help="one prefill per row: TTFT and parts from the same event-timed pass")
     p.add_argument("--smoke", action="store_true", help="tiny shape on the CPU (dry run)")
     p.add_argument("--out", default="bench_ttft.json")
     a = p.parse_args(argv)
@@ -295,7 +326,10 @@ def main(argv=None) -> int:
         if bad:
             p.error(f"--lengths: expected some of {', '.join(LENGTHS)}, got {bad}")
         lengths, dims, device = [(x, LENGTHS[x]) for x in a.lengths.split(",")], FULL, "cuda"
-    rows = bench(lengths, methods, device=device, dims=dims, repeat=a.repeat, chunk=a.mlp_chunk)
+    if a.warmup_tokens is not None and a.warmup_tokens < 2 * TEXT + dims["tpf"]:
+        p.error(f"--warmup-tokens: expected at least {2 * TEXT + dims['tpf']}, got {a.warmup_tokens}")
+    rows = bench(lengths, methods, device=device, dims=dims, repeat=a.repeat, chunk=a.mlp_chunk,
+                 warmup_tokens=a.warmup_tokens, single_pass=a.single_pass)  # fmt: skip
     out = Path(a.out)
     fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", suffix=".json")
     with os.fdopen(fd, "w") as f:

@@ -51,9 +51,10 @@ def load():
 
 def retrieve(model, tok, policy, n_pairs, seed) -> tuple[bool, int]:
     s = kv_retrieval_prompt(n_pairs, seed)
-    ids = encode_for_model(tok, s.prompt)
+    ids = encode_for_model(tok, s.prompt).to(model.device)
     n_new = len(tok(" " + s.answer, add_special_tokens=False).input_ids) + 2
-    with torch.no_grad(), apply_triangle_mix(model, policy):
+    ctx = policy() if callable(policy) else apply_triangle_mix(model, policy)
+    with torch.no_grad(), ctx:
         out = model.generate(ids, max_new_tokens=n_new, do_sample=False, use_cache=True)
     text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
     return text.startswith(s.answer), ids.shape[1]
@@ -70,7 +71,7 @@ def passkey(model, tok, policy, n_filler, seed) -> tuple[bool, int, str]:
     """Greedy answer to the passkey prompt; correct when the 5-digit key is in the first tokens."""
     s = passkey_prompt(n_filler, seed)
     # Plain continuation (no chat template): the prompt ends with "The pass key is".
-    ids = tok(s.prompt, return_tensors="pt").input_ids
+    ids = tok(s.prompt, return_tensors="pt").input_ids.to(model.device)
     ctx = policy() if callable(policy) else apply_triangle_mix(model, policy)
     with torch.no_grad(), ctx:
         out = model.generate(ids, max_new_tokens=8, do_sample=False, use_cache=True)
@@ -88,8 +89,8 @@ class SkipMiddleRows:
 
     def __call__(self, q, k, v, *, layer_idx, scale):
         S = q.shape[2]
-        i = torch.arange(S)[:, None]
-        j = torch.arange(S)[None, :]
+        i = torch.arange(S, device=q.device)[:, None]
+        j = torch.arange(S, device=q.device)[None, :]
         skip = (i >= self.lo) & (i < self.hi) & (j >= self.sink) & (i - j >= self.window)
         allowed = (j <= i) & ~skip
         g = q.shape[1] // k.shape[1]
@@ -122,7 +123,7 @@ def table7(model, tok, log, *, n_samples, text_dir, sink, window, deep):
         row = {"stage": "table7", "sample": n, "sink": sink, "window": window, "deep": deep}
         for name, pol in (("dense", pol_dense), ("skip512-1024", pol_skip)):
             with torch.no_grad(), apply_triangle_mix(model, pol, dynamic=skip):
-                logits = model(ids[None]).logits[0]
+                logits = model(ids[None].to(model.device)).logits[0].cpu()
             row[name] = {
                 "1024-1152": span_ppl(logits, ids, 1024, 1152),
                 "1920-2048": span_ppl(logits, ids, 1920, 2048),
@@ -142,7 +143,23 @@ def run_passkey(model, tok, log, policies, lengths, counts):
                 with log.open("a") as f:
                     row = {"stage": "passkey", "policy": name, "length": length, "tokens": n_tok,
                            "seed": seed, "correct": ok, "output": text,
-                           "seconds": round(time.time() - t, 2)}  # fmt: skip
+                           "seconds": round(time.time() - t, 2),
+                           "device": str(model.device)}  # fmt: skip
+                    f.write(json.dumps(row) + "\n")
+
+
+def run_kv(model, tok, log, policies, lengths, counts):
+    """App. A.1 key-value retrieval, the same rows as the first session's ``kv`` stage."""
+    for length, n in zip(lengths, counts, strict=True):
+        n_pairs = pairs_for_tokens(tok, length)
+        for seed in range(n):
+            for name, pol in policies.items():
+                t = time.time()
+                ok, n_tok = retrieve(model, tok, pol, n_pairs, 1000 * length + seed)
+                with log.open("a") as f:
+                    row = {"stage": "kv", "policy": name, "length": length, "tokens": n_tok,
+                           "seed": seed, "correct": ok, "seconds": round(time.time() - t, 2),
+                           "device": str(model.device)}  # fmt: skip
                     f.write(json.dumps(row) + "\n")
 
 
@@ -199,7 +216,7 @@ def main_v2(argv=None) -> bool:
     """The later stages alone (``--stages table7,passkey``), with a fixed start layer."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs/trianglemix")
-    ap.add_argument("--stages", required=True, help="comma list of table7, passkey")
+    ap.add_argument("--stages", required=True, help="comma list of table7, passkey, kv")
     ap.add_argument("--start-layer", type=int, default=22)
     ap.add_argument("--table7-samples", type=int, default=100)
     ap.add_argument("--text-dir", default="../shared/papers")
@@ -214,19 +231,23 @@ def main_v2(argv=None) -> bool:
         "--pattern-config", default="packages/sparse-patterns/configs/smollm2-135m.json"
     )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the same fp32 model and kernels)")
+    ap.add_argument("--kv-lengths", default="2000,4000,8000")
+    ap.add_argument("--kv-counts", default="34,33,33")
     a = ap.parse_args(argv)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
     model, tok = load()
+    model.to(a.device)
     L = model.config.num_hidden_layers
     stages = a.stages.split(",")
     if "table7" in stages:
         n = table7(model, tok, out / "quality.jsonl", n_samples=a.table7_samples,
                    text_dir=a.text_dir, sink=a.table7_sink, window=a.table7_window, deep=16)  # fmt: skip
         print("table7 samples:", n)
-    if "passkey" in stages:
+    if "passkey" in stages or "kv" in stages:
         allp = {
             "dense": LayerPolicy.dense(L),
             "trianglemix": LayerPolicy.triangle_from(L, a.start_layer),
@@ -241,9 +262,14 @@ def main_v2(argv=None) -> bool:
             cfg = PatternConfig.load(a.pattern_config)
             allp["mminference"] = lambda: apply_pattern_config(model, cfg)
         pols = {k: allp[k] for k in a.policies.split(",")}
-        run_passkey(model, tok, out / "quality.jsonl", pols,
-                    [int(x) for x in a.passkey_lengths.split(",")],
-                    [int(x) for x in a.passkey_counts.split(",")])  # fmt: skip
+        if "passkey" in stages:
+            run_passkey(model, tok, out / "quality.jsonl", pols,
+                        [int(x) for x in a.passkey_lengths.split(",")],
+                        [int(x) for x in a.passkey_counts.split(",")])  # fmt: skip
+        if "kv" in stages:
+            run_kv(model, tok, out / "quality.jsonl", pols,
+                   [int(x) for x in a.kv_lengths.split(",")],
+                   [int(x) for x in a.kv_counts.split(",")])  # fmt: skip
     return True
 
 

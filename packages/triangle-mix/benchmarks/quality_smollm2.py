@@ -148,11 +148,12 @@ def run_passkey(model, tok, log, policies, lengths, counts):
                     f.write(json.dumps(row) + "\n")
 
 
-def run_kv(model, tok, log, policies, lengths, counts):
-    """App. A.1 key-value retrieval, the same rows as the first session's ``kv`` stage."""
+def run_kv(model, tok, log, policies, lengths, counts, seed_start=0):
+    """App. A.1 key-value retrieval, the same rows as the first session's ``kv`` stage (seeds
+    ``seed_start .. count - 1`` per length, to resume a run that was cut off)."""
     for length, n in zip(lengths, counts, strict=True):
         n_pairs = pairs_for_tokens(tok, length)
-        for seed in range(n):
+        for seed in range(seed_start, n):
             for name, pol in policies.items():
                 t = time.time()
                 ok, n_tok = retrieve(model, tok, pol, n_pairs, 1000 * length + seed)
@@ -234,6 +235,7 @@ def main_v2(argv=None) -> bool:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the same fp32 model and kernels)")
     ap.add_argument("--kv-lengths", default="2000,4000,8000")
     ap.add_argument("--kv-counts", default="34,33,33")
+    ap.add_argument("--kv-seed-start", type=int, default=0, help="resume: first seed per length")
     a = ap.parse_args(argv)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -269,7 +271,7 @@ def main_v2(argv=None) -> bool:
         if "kv" in stages:
             run_kv(model, tok, out / "quality.jsonl", pols,
                    [int(x) for x in a.kv_lengths.split(",")],
-                   [int(x) for x in a.kv_counts.split(",")])  # fmt: skip
+                   [int(x) for x in a.kv_counts.split(",")], a.kv_seed_start)  # fmt: skip
     return True
 
 

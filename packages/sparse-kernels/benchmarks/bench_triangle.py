@@ -110,4 +110,12 @@ def test_triangle_attention(benchmark, shape, provider):
         provider=provider,
         shape=shape,
         rel_err=err,
+        config=_chosen_config() if provider == "ours" else None,
     )
+
+
+def _chosen_config() -> str | None:
+    """The autotuned config of the fused kernel (tile sizes, window loop variant)."""
+    from sparse_kernels.triangle import triton as tri
+
+    return str(getattr(tri._triangle_fwd_kernel, "best_config", None))

@@ -19,6 +19,9 @@ CASES = [
     pytest.param(1, 2, 2, 97, 97, 64, 5, 7, 200, id="S97-last-covers-all"),
     pytest.param(1, 2, 2, 70, 250, 64, 8, 32, 16, id="SQ70-SKV250"),
     pytest.param(1, 2, 2, 150, 70, 64, 8, 32, 16, id="SQ150-SKV70-emptyrows"),
+    # Sink tiles of 64 and 128 keys (sink_end 64 / 256, wider than a key block), narrow windows.
+    pytest.param(1, 2, 2, 600, 600, 64, 40, 64, 16, id="S600-sink40-win64"),
+    pytest.param(1, 2, 1, 700, 700, 64, 130, 96, 32, id="S700-sink130-win96"),
 ]
 GPU_CASES = [
     pytest.param(
@@ -120,10 +123,55 @@ def test_matches_flex_attention_on_gpu():
     assert err < 1e-2, err
 
 
+def _run_config(q, k, v, cfg, *, sink, window, L, chunk):
+    """One launch of the fused kernel with an explicit config (no autotuning) plus the merge."""
+    import triton
+    from sparse_kernels.triangle import triton as tri
+
+    cfg = dict(cfg)
+    w, st = cfg.pop("num_warps", 4), cfg.pop("num_stages", 1)
+    B, H, S, D = q.shape
+    n_chunks = triton.cdiv(S, chunk)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.empty(B, H, S, device=q.device)
+    ws_out = torch.empty(B * H, n_chunks, L, D, device=q.device)
+    ws_lse = torch.empty(B * H, n_chunks, L, device=q.device)
+    bm = cfg["BLOCK_M"]
+    grid = (triton.cdiv(L, bm) * n_chunks + triton.cdiv(S - L, bm), B * H)
+    tri._triangle_fwd_kernel.fn[grid](
+        q, k, v, out, lse, ws_out, ws_lse, *q.stride(), *k.stride(), *v.stride(),
+        *out.stride(), H, H // k.shape[1], S, S, D**-0.5, sink, window, L, n_chunks, chunk,
+        D=D, BLOCK_D=D, IEEE=q.dtype == torch.float32, SINK_N=tri.sink_tile(sink),
+        num_warps=w, num_stages=st, **cfg,
+    )  # fmt: skip
+    tri._triangle_merge_kernel[(triton.cdiv(L, 32), B * H)](
+        ws_out, ws_lse, out, lse, *out.stride(), H, S, L, n_chunks, D=D, BLOCK_D=D, BLOCK_R=32
+    )
+    return out
+
+
+@pytest.mark.parametrize("one_loop", [False, True], ids=["three-loops", "one-loop"])
+@pytest.mark.parametrize("sink,window", [(8, 100), (40, 64), (0, 33)])
+def test_window_loop_variants_are_exact(one_loop, sink, window):
+    # Both ways of walking the window (autotuned on GPUs) give the reference, on the interpreter
+    # config (CPU) or a GPU tile.
+    if DEV.type == "cpu":
+        cfg = dict(BLOCK_M=64, BLOCK_N=32, ONE_LOOP=one_loop)
+        dtype, S, D = torch.float32, 400, 64
+    else:
+        cfg = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, ONE_LOOP=one_loop)
+        dtype, S, D = torch.bfloat16, 3000, 128
+    q, k, v = make_qkv(1, 4, 2, S, S, D, dtype=dtype, device=DEV, seed=sink + window)
+    ref = dict(sink=sink, window=window, last=40)
+    gold = triangle_attention_reference(q, k, v, **ref, compute_dtype=torch.float64)
+    low = triangle_attention_reference(q, k, v, **ref)
+    out = _run_config(q, k, v, cfg, sink=sink, window=window, L=40, chunk=128)
+    assert_close_budget(out, low.out, gold.out, dtype=dtype)
+
+
 @pytest.mark.gpu
 def test_every_autotune_config_is_correct():
     # Autotuning may pick any config of the list: each one must compute the same function.
-    import triton
     from sparse_kernels.triangle import triton as tri
     from triton.runtime.errors import OutOfResources
 
@@ -133,40 +181,13 @@ def test_every_autotune_config_is_correct():
         q, k, v, sink=8, window=300, last=L, compute_dtype=torch.float64
     )
     low = triangle_attention_reference(q, k, v, sink=8, window=300, last=L)
-    chunk = 1024
-    n_chunks = triton.cdiv(S, chunk)
     skipped = []
-    for cfg in [dict(c) for c in tri._GPU_CONFIGS]:
-        w, st = cfg.pop("num_warps"), cfg.pop("num_stages")
-        out = torch.full_like(q, float("nan"))
-        lse = torch.empty(1, 8, S, device=DEV)
-        ws_out = torch.empty(8, n_chunks, L, 128, device=DEV)
-        ws_lse = torch.empty(8, n_chunks, L, device=DEV)
-        bm = cfg["BLOCK_M"]
-        grid = (triton.cdiv(L, bm) * n_chunks + triton.cdiv(S - L, bm), 8)
+    for cfg in tri._GPU_CONFIGS:
         try:
-            tri._triangle_fwd_kernel.fn[grid](
-                q, k, v, out, lse, ws_out, ws_lse, *q.stride(), *k.stride(), *v.stride(),
-                *out.stride(), 8, 4, S, S, 128**-0.5, 8, 300, L, n_chunks, chunk, D=128,
-                BLOCK_D=128, IEEE=False, num_warps=w, num_stages=st, **cfg,
-            )  # fmt: skip
+            out = _run_config(q, k, v, cfg, sink=8, window=300, L=L, chunk=1024)
         except OutOfResources:
             # The autotuner skips a config that does not fit this GPU's shared memory the same way.
-            skipped.append((cfg, w, st))
+            skipped.append(cfg)
             continue
-        tri._triangle_merge_kernel[(triton.cdiv(L, 32), 8)](
-            ws_out,
-            ws_lse,
-            out,
-            lse,
-            *out.stride(),
-            8,
-            S,
-            L,
-            n_chunks,
-            D=128,
-            BLOCK_D=128,
-            BLOCK_R=32,
-        )
-        assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=f"{cfg} w{w} s{st}")
+        assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))
     assert len(skipped) < len(tri._GPU_CONFIGS), f"no config fits this GPU: {skipped}"

@@ -17,14 +17,17 @@ import triton.language as tl
 from .._triton.config import block_d, configs, prune_fp32
 from .._triton.inner import _attn_tile_inner
 
-_GPU_CONFIGS = [
+_TILES = [
     dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
 ]
-_INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
+# ONE_LOOP: the A-shape programs walk their window in one element-masked loop (a longer loop
+# for the software pipeline) instead of masked / unmasked / masked loops. Autotuned.
+_GPU_CONFIGS = [dict(t, ONE_LOOP=o) for o in (False, True) for t in _TILES]
+_INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32, ONE_LOOP=False)
 # Key chunks of the dense last rows are a multiple of every BLOCK_N above.
 _CHUNK_ALIGN = 128
 
@@ -72,8 +75,10 @@ def _triangle_fwd_kernel(
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IEEE: tl.constexpr,
+    SINK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -132,35 +137,48 @@ def _triangle_fwd_kernel(
             D, BLOCK_D, BLOCK_N, True, True, False, IEEE,
         )  # fmt: skip
     else:
-        # Sink blocks [0, sink_end), with the full sink/window/causal element mask.
-        sink_end = tl.cdiv(sink, BLOCK_N) * BLOCK_N
+        # Sink tiles [0, sink_end) are SINK_N keys wide (16 for the usual sink of 8, not a whole
+        # BLOCK_N), with the full sink/window/causal element mask. When the window's first block
+        # reaches below sink_end, the window loops start at key 0 instead and their element mask
+        # (j < sink or inside the window) takes in the sink: no key is visited twice.
+        sink_end = tl.cdiv(sink, SINK_N) * SINK_N
+        s0 = tl.maximum(p_lo - window + 1, 0) // BLOCK_N * BLOCK_N
+        own_sink = s0 >= sink_end
+        offs_s = tl.arange(0, SINK_N)
         acc, l_i, m_i = _attn_tile_inner(
             acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-            q_pos, offs_n, offs_d, 0, tl.minimum(sink_end, hi), S_KV, qk_scale, sink, window,
-            D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
+            q_pos, offs_s, offs_d, 0, tl.where(own_sink, tl.minimum(sink_end, hi), 0), S_KV,
+            qk_scale, sink, window, D, BLOCK_D, SINK_N, True, True, True, IEEE,
         )  # fmt: skip
         # Window blocks from s0; [f_lo, f_hi) is inside every row's window and causally visible.
-        s0 = tl.maximum(tl.maximum(p_lo - window + 1, 0) // BLOCK_N * BLOCK_N, sink_end)
-        f_lo = tl.maximum(tl.cdiv(tl.maximum(p_hi - window + 1, 0), BLOCK_N) * BLOCK_N, s0)
-        has_full = full_hi > f_lo
-        b_end = tl.where(has_full, f_lo, hi)
-        c_lo = tl.where(has_full, f_lo, hi)
-        c_hi = tl.where(has_full, full_hi, hi)
-        acc, l_i, m_i = _attn_tile_inner(
-            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-            q_pos, offs_n, offs_d, s0, b_end, S_KV, qk_scale, sink, window,
-            D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
-        )  # fmt: skip
-        acc, l_i, m_i = _attn_tile_inner(
-            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-            q_pos, offs_n, offs_d, c_lo, c_hi, S_KV, qk_scale, sink, window,
-            D, BLOCK_D, BLOCK_N, False, True, True, IEEE,
-        )  # fmt: skip
-        acc, l_i, m_i = _attn_tile_inner(
-            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-            q_pos, offs_n, offs_d, tl.maximum(c_hi, s0), hi, S_KV, qk_scale, sink, window,
-            D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
-        )  # fmt: skip
+        s0 = tl.where(own_sink, s0, 0)
+        if ONE_LOOP:
+            acc, l_i, m_i = _attn_tile_inner(
+                acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+                q_pos, offs_n, offs_d, s0, hi, S_KV, qk_scale, sink, window,
+                D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
+            )  # fmt: skip
+        else:
+            f_lo = tl.maximum(tl.cdiv(tl.maximum(p_hi - window + 1, 0), BLOCK_N) * BLOCK_N, s0)
+            has_full = full_hi > f_lo
+            b_end = tl.where(has_full, f_lo, hi)
+            c_lo = tl.where(has_full, f_lo, hi)
+            c_hi = tl.where(has_full, full_hi, hi)
+            acc, l_i, m_i = _attn_tile_inner(
+                acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+                q_pos, offs_n, offs_d, s0, b_end, S_KV, qk_scale, sink, window,
+                D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
+            )  # fmt: skip
+            acc, l_i, m_i = _attn_tile_inner(
+                acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+                q_pos, offs_n, offs_d, c_lo, c_hi, S_KV, qk_scale, sink, window,
+                D, BLOCK_D, BLOCK_N, False, True, True, IEEE,
+            )  # fmt: skip
+            acc, l_i, m_i = _attn_tile_inner(
+                acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+                q_pos, offs_n, offs_d, tl.maximum(c_hi, s0), hi, S_KV, qk_scale, sink, window,
+                D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
+            )  # fmt: skip
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -245,6 +263,12 @@ def _triangle_merge_kernel(
     tl.store(lse_ptr + bh.to(tl.int64) * S_Q + rows_q, lse, mask=r_ok)
 
 
+def sink_tile(sink: int) -> int:
+    """Width of the sink tiles: the next power of two of ``sink``, between 16 (the narrowest
+    ``tl.dot``) and 128."""
+    return min(128, max(16, triton.next_power_of_2(max(sink, 1))))
+
+
 def default_chunk(S_KV: int) -> int:
     """Keys per split program of the dense last rows: about 32 chunks, at least 1024 keys."""
     want = max(1024, triton.cdiv(S_KV, 32))
@@ -284,7 +308,7 @@ def _launch_triangle_fwd(
         q, k, v, out, lse, ws_out, ws_lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk,
-        D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32,
+        D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32, SINK_N=sink_tile(sink),
     )  # fmt: skip
     if L > 0:
         BLOCK_R = 32

@@ -1,0 +1,10 @@
+"""Prints one line per benchmark of a pytest-benchmark JSON: name, median ms and extra fields."""
+
+import json
+import sys
+
+for path in sys.argv[1:]:
+    for b in json.load(open(path))["benchmarks"]:
+        x = b["extra_info"]
+        keep = {k: x[k] for k in ("useful_tflops", "config") if x.get(k) is not None}
+        print(f"{b['name']:70s} {b['stats']['median'] * 1e3:10.3f} ms {keep}")

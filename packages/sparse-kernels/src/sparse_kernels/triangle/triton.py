@@ -28,6 +28,20 @@ _TILES = [
 # for the software pipeline) instead of masked / unmasked / masked loops. Autotuned.
 _GPU_CONFIGS = [dict(t, ONE_LOOP=o) for o in (False, True) for t in _TILES]
 _INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32, ONE_LOOP=False)
+
+
+def _prune(configs_, named_args, **kwargs):
+    """``prune_fp32`` (one small tile for fp32), keeping ``ONE_LOOP`` set on every config."""
+    out = prune_fp32(configs_, named_args, **kwargs)
+    return [
+        c
+        if "ONE_LOOP" in c.kwargs
+        else triton.Config(dict(c.kwargs, ONE_LOOP=False), num_warps=c.num_warps,
+                           num_stages=c.num_stages)  # fmt: skip
+        for c in out
+    ]
+
+
 # Key chunks of the dense last rows are a multiple of every BLOCK_N above.
 _CHUNK_ALIGN = 128
 
@@ -35,7 +49,7 @@ _CHUNK_ALIGN = 128
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
     key=["D", "IEEE"],
-    prune_configs_by={"early_config_prune": prune_fp32},
+    prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
 def _triangle_fwd_kernel(

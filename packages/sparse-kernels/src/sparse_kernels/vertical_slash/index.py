@@ -134,6 +134,24 @@ def _check_indices(t: object, name: str, B: int, H: int, S: int) -> torch.Tensor
     return t
 
 
+def _compact(mask: torch.Tensor, count: torch.Tensor, width: int, fill: int, values) -> torch.Tensor:
+    """``[N, M, width]`` int32: per row ``(n, m)``, ``values`` of the set entries of
+    ``mask[n, m, :]`` in ascending position order, then ``fill``. Same result as a sorted top-k
+    of the smallest keys (set entries keyed by their value, the rest by ``fill``) when values
+    ascend with position, at a cost proportional to the set entries, not to ``width``."""
+    N, M, _ = mask.shape
+    out = torch.full((N * M, width), fill, dtype=torch.int32, device=mask.device)
+    nz = mask.nonzero()  # [T, 3], row-major: grouped by row, ascending position within a row
+    if nz.shape[0] == 0:
+        return out.reshape(N, M, width)
+    row = nz[:, 0] * M + nz[:, 1]
+    flat = count.reshape(-1).to(torch.int64)
+    first = torch.cumsum(flat, 0) - flat  # where each row's entries start in nz
+    rank = torch.arange(nz.shape[0], device=mask.device) - first[row]
+    out[row, rank] = values(nz).to(torch.int32)
+    return out.reshape(N, M, width)
+
+
 def build_vertical_slash_index(
     vertical_indices: torch.Tensor,
     slash_indices: torch.Tensor,
@@ -231,13 +249,10 @@ def build_vertical_slash_index(
 
     sizes = torch.stack([range_count.max(), column_count.max()]).tolist()
     R, C = (max(int(x), 1) for x in sizes)
-    key = torch.where(starts, n.to(torch.int32), nkb).to(torch.int32)
-    range_start = torch.topk(key, min(R, nkb), dim=-1, largest=False, sorted=True).values
-    key = torch.where(ends, n.to(torch.int32) + 1, nkb + 1).to(torch.int32)
-    range_end = torch.topk(key, min(R, nkb), dim=-1, largest=False, sorted=True).values
+    range_start = _compact(starts, range_count, min(R, nkb), nkb, lambda nz: nz[:, 2])
+    range_end = _compact(ends, range_count, min(R, nkb), nkb + 1, lambda nz: nz[:, 2] + 1)
     if NV > 0:
-        key = torch.where(keep, v[:, None, :], S).to(torch.int32)
-        columns = torch.topk(key, min(C, NV), dim=-1, largest=False, sorted=True).values
+        columns = _compact(keep, column_count, min(C, NV), S, lambda nz: v[nz[:, 0], nz[:, 2]])
     else:
         columns = torch.zeros(N, nqb, 1, dtype=torch.int32, device=dev)
     return VerticalSlashIndex(

@@ -2,9 +2,10 @@
 
 import json
 import sys
+from pathlib import Path
 
 for path in sys.argv[1:]:
-    for b in json.load(open(path))["benchmarks"]:
+    for b in json.loads(Path(path).read_text())["benchmarks"]:
         x = b["extra_info"]
         keep = {k: x[k] for k in ("useful_tflops", "config") if x.get(k) is not None}
         print(f"{b['name']:70s} {b['stats']['median'] * 1e3:10.3f} ms {keep}")

@@ -219,8 +219,17 @@ def _prefill(model, embeds, pos, chunk: int):
     return h[:, -1]
 
 
-def bench(lengths, methods, *, device: str, dims: dict, repeat: int, chunk: int,
-          warmup_tokens: int | None = None, single_pass: bool = False) -> list[dict]:
+def bench(
+    lengths,
+    methods,
+    *,
+    device: str,
+    dims: dict,
+    repeat: int,
+    chunk: int,
+    warmup_tokens: int | None = None,
+    single_pass: bool = False,
+) -> list[dict]:
     from sparse_kernels.benchmarking import env_info
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -306,10 +315,17 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default=",".join(METHODS), help=f"of {', '.join(METHODS)}")
     p.add_argument("--repeat", type=int, default=1, help="timed prefills per row (median)")
     p.add_argument("--mlp-chunk", type=int, default=32768)
-    p.add_argument("--warmup-tokens", type=int, default=None,
-                   help="warm up at this many tokens instead of a full-length prefill")
-    p.add_argument("--single-pass", action="store_true",
-                   help="one prefill per row: TTFT and parts from the same event-timed pass")
+    p.add_argument(
+        "--warmup-tokens",
+        type=int,
+        default=None,
+        help="warm up at this many tokens instead of a full-length prefill",
+    )
+    p.add_argument(
+        "--single-pass",
+        action="store_true",
+        help="one prefill per row: TTFT and parts from the same event-timed pass",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny shape on the CPU (dry run)")
     p.add_argument("--out", default="bench_ttft.json")
     a = p.parse_args(argv)
@@ -327,7 +343,9 @@ def main(argv=None) -> int:
             p.error(f"--lengths: expected some of {', '.join(LENGTHS)}, got {bad}")
         lengths, dims, device = [(x, LENGTHS[x]) for x in a.lengths.split(",")], FULL, "cuda"
     if a.warmup_tokens is not None and a.warmup_tokens < 2 * TEXT + dims["tpf"]:
-        p.error(f"--warmup-tokens: expected at least {2 * TEXT + dims['tpf']}, got {a.warmup_tokens}")
+        p.error(
+            f"--warmup-tokens: expected at least {2 * TEXT + dims['tpf']}, got {a.warmup_tokens}"
+        )
     rows = bench(lengths, methods, device=device, dims=dims, repeat=a.repeat, chunk=a.mlp_chunk,
                  warmup_tokens=a.warmup_tokens, single_pass=a.single_pass)  # fmt: skip
     out = Path(a.out)

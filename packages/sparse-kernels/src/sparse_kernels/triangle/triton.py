@@ -36,8 +36,9 @@ def _prune(configs_, named_args, **kwargs):
     return [
         c
         if "ONE_LOOP" in c.kwargs
-        else triton.Config(dict(c.kwargs, ONE_LOOP=False), num_warps=c.num_warps,
-                           num_stages=c.num_stages)  # fmt: skip
+        else triton.Config(
+            dict(c.kwargs, ONE_LOOP=False), num_warps=c.num_warps, num_stages=c.num_stages
+        )  # fmt: skip
         for c in out
     ]
 

@@ -134,7 +134,9 @@ def _check_indices(t: object, name: str, B: int, H: int, S: int) -> torch.Tensor
     return t
 
 
-def _compact(mask: torch.Tensor, count: torch.Tensor, width: int, fill: int, values) -> torch.Tensor:
+def _compact(
+    mask: torch.Tensor, count: torch.Tensor, width: int, fill: int, values
+) -> torch.Tensor:
     """``[N, M, width]`` int32: per row ``(n, m)``, ``values`` of the set entries of
     ``mask[n, m, :]`` in ascending position order, then ``fill``. Same result as a sorted top-k
     of the smallest keys (set entries keyed by their value, the rest by ``fill``) when values

@@ -17,30 +17,14 @@ import triton.language as tl
 from .._triton.config import block_d, configs, prune_fp32
 from .._triton.inner import _attn_tile_inner
 
-_TILES = [
+_GPU_CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
 ]
-# ONE_LOOP: the A-shape programs walk their window in one element-masked loop (a longer loop
-# for the software pipeline) instead of masked / unmasked / masked loops. Autotuned.
-_GPU_CONFIGS = [dict(t, ONE_LOOP=o) for o in (False, True) for t in _TILES]
-_INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32, ONE_LOOP=False)
-
-
-def _prune(configs_, named_args, **kwargs):
-    """``prune_fp32`` (one small tile for fp32), keeping ``ONE_LOOP`` set on every config."""
-    out = prune_fp32(configs_, named_args, **kwargs)
-    return [
-        c
-        if "ONE_LOOP" in c.kwargs
-        else triton.Config(
-            dict(c.kwargs, ONE_LOOP=False), num_warps=c.num_warps, num_stages=c.num_stages
-        )  # fmt: skip
-        for c in out
-    ]
+_INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
 
 
 # Key chunks of the dense last rows are a multiple of every BLOCK_N above.
@@ -50,7 +34,7 @@ _CHUNK_ALIGN = 128
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
     key=["D", "IEEE"],
-    prune_configs_by={"early_config_prune": _prune},
+    prune_configs_by={"early_config_prune": prune_fp32},
 )
 @triton.jit
 def _triangle_fwd_kernel(
@@ -93,7 +77,6 @@ def _triangle_fwd_kernel(
     SINK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    ONE_LOOP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -167,33 +150,26 @@ def _triangle_fwd_kernel(
         )  # fmt: skip
         # Window blocks from s0; [f_lo, f_hi) is inside every row's window and causally visible.
         s0 = tl.where(own_sink, s0, 0)
-        if ONE_LOOP:
-            acc, l_i, m_i = _attn_tile_inner(
-                acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                q_pos, offs_n, offs_d, s0, hi, S_KV, qk_scale, sink, window,
-                D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
-            )  # fmt: skip
-        else:
-            f_lo = tl.maximum(tl.cdiv(tl.maximum(p_hi - window + 1, 0), BLOCK_N) * BLOCK_N, s0)
-            has_full = full_hi > f_lo
-            b_end = tl.where(has_full, f_lo, hi)
-            c_lo = tl.where(has_full, f_lo, hi)
-            c_hi = tl.where(has_full, full_hi, hi)
-            acc, l_i, m_i = _attn_tile_inner(
-                acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                q_pos, offs_n, offs_d, s0, b_end, S_KV, qk_scale, sink, window,
-                D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
-            )  # fmt: skip
-            acc, l_i, m_i = _attn_tile_inner(
-                acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                q_pos, offs_n, offs_d, c_lo, c_hi, S_KV, qk_scale, sink, window,
-                D, BLOCK_D, BLOCK_N, False, True, True, IEEE,
-            )  # fmt: skip
-            acc, l_i, m_i = _attn_tile_inner(
-                acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                q_pos, offs_n, offs_d, tl.maximum(c_hi, s0), hi, S_KV, qk_scale, sink, window,
-                D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
-            )  # fmt: skip
+        f_lo = tl.maximum(tl.cdiv(tl.maximum(p_hi - window + 1, 0), BLOCK_N) * BLOCK_N, s0)
+        has_full = full_hi > f_lo
+        b_end = tl.where(has_full, f_lo, hi)
+        c_lo = tl.where(has_full, f_lo, hi)
+        c_hi = tl.where(has_full, full_hi, hi)
+        acc, l_i, m_i = _attn_tile_inner(
+            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, offs_n, offs_d, s0, b_end, S_KV, qk_scale, sink, window,
+            D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
+        )  # fmt: skip
+        acc, l_i, m_i = _attn_tile_inner(
+            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, offs_n, offs_d, c_lo, c_hi, S_KV, qk_scale, sink, window,
+            D, BLOCK_D, BLOCK_N, False, True, True, IEEE,
+        )  # fmt: skip
+        acc, l_i, m_i = _attn_tile_inner(
+            acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            q_pos, offs_n, offs_d, tl.maximum(c_hi, s0), hi, S_KV, qk_scale, sink, window,
+            D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
+        )  # fmt: skip
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)

@@ -171,8 +171,12 @@ def test_chunked_norms_and_mlp_restored_and_bad_chunk():
 
 
 @pytest.mark.slow
-def test_bench_ttft_smoke(tmp_path):
-    """The GPU benchmark's logic end to end at a tiny CPU shape."""
+@pytest.mark.parametrize(
+    "extra", [[], ["--warmup-tokens", "512", "--single-pass"]], ids=["full-warmup", "short-warmup"]
+)
+def test_bench_ttft_smoke(tmp_path, extra):
+    """The GPU benchmark's logic end to end at a tiny CPU shape (also the 1M-row mode: a short
+    warm-up, one event-timed pass per row)."""
     import importlib.util
     from pathlib import Path
 
@@ -181,10 +185,12 @@ def test_bench_ttft_smoke(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = tmp_path / "t.json"
-    assert mod.main(["--smoke", "--out", str(out)]) == 0
+    assert mod.main(["--smoke", "--out", str(out), *extra]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["method"] for r in rows] == list(mod.METHODS)
     assert all(r["last_hidden_cosine_vs_first_method"] > 0.99 for r in rows)
+    assert all(r["single_pass"] == bool(extra) and len(r["times_s"]) == 1 for r in rows)
+    assert all(r["warmup_tokens"] == (512 if extra else r["tokens"]) for r in rows)
 
 
 def test_video_inputs_carry_mm_token_type_ids_for_mrope():

@@ -189,19 +189,16 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
     return apply_triangle_mix(model, pol, dynamic=dynamic)
 
 
-def _rewarm(model, handle, method, dims, layout, tokens, device, dtype, timer, chunk):
-    """Runs one prefill at ``tokens`` tokens (its own layout) and re-applies the method for the
-    real layout; returns the new handle."""
-    if handle is not None:
-        handle.remove()
+def _warm_up(model, method, dims, tokens, device, dtype, timer, chunk) -> None:
+    """One prefill of ``method`` at ``tokens`` tokens (its own layout): compiles and tunes the
+    kernels without a full-length pass."""
     x = torch.randn(1, tokens, dims["hidden"], device=device, dtype=dtype)
-    h = _apply(model, method, dims, _layout(tokens, dims["tpf"], device), timer)
+    handle = _apply(model, method, dims, _layout(tokens, dims["tpf"], device), timer)
     try:
         _prefill(model, x, _positions(tokens, dims["tpf"], device), chunk)
     finally:
-        if h is not None:
-            h.remove()
-    return _apply(model, method, dims, layout, timer)
+        if handle is not None:
+            handle.remove()
 
 
 def _sync(device: str) -> None:
@@ -244,18 +241,17 @@ def bench(
         ref = None
         for method in methods:
             timer = _Timer(device)
+            if warmup_tokens is not None:  # when a full-length warm-up pass is too long
+                _warm_up(model, method, dims, warmup_tokens, device, dtype, timer, chunk)
             handle = _apply(model, method, dims, layout, timer)
             try:
                 if device == "cuda":
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
                 try:
+                    last = None  # the checked output; from the parts pass after a short warm-up
                     if warmup_tokens is None:
                         last = _prefill(model, embeds, pos, chunk)  # warm-up + correctness check
-                    else:  # a short warm-up (compiles, tunes) when a full-length pass is too long
-                        handle = _rewarm(model, handle, method, dims, layout, warmup_tokens,
-                                         device, dtype, timer, chunk)  # fmt: skip
-                        last = None
                     times = []
                     for _ in range(0 if single_pass else repeat):
                         _sync(device)

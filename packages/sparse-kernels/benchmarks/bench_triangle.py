@@ -115,7 +115,7 @@ def test_triangle_attention(benchmark, shape, provider):
 
 
 def _chosen_config() -> str | None:
-    """The autotuned config of the fused kernel (tile sizes, window loop variant)."""
+    """The autotuned config of the fused kernel (tile sizes, warps, stages)."""
     from sparse_kernels.triangle import triton as tri
 
     return str(getattr(tri._triangle_fwd_kernel, "best_config", None))

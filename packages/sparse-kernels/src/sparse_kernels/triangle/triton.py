@@ -25,8 +25,6 @@ _GPU_CONFIGS = [
     dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
 ]
 _INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
-
-
 # Key chunks of the dense last rows are a multiple of every BLOCK_N above.
 _CHUNK_ALIGN = 128
 

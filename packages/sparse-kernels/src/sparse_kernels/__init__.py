@@ -6,6 +6,7 @@ Layout ``[B, H, S, D]``; GQA handled natively; every op returns ``AttentionOutpu
 from ._types import AttentionOutput
 from .attention import attention
 from .block_sparse import block_sparse_attention
+from .estimate import line_scores
 from .merge import merge_attention
 from .permuted import grid_permutation, permuted_block_sparse_attention
 from .triangle import a_shape_attention, triangle_attention
@@ -23,6 +24,7 @@ __all__ = [
     "block_sparse_attention",
     "build_vertical_slash_index",
     "grid_permutation",
+    "line_scores",
     "merge_attention",
     "permuted_block_sparse_attention",
     "triangle_attention",

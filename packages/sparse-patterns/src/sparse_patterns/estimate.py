@@ -64,6 +64,33 @@ def slash_scores(p: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def last_line_scores(
+    q: torch.Tensor, k: torch.Tensor, L: int, *, scale: float, impl: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Column and diagonal mass of the last ``L`` queries (``min(L, S)`` rows), every head.
+
+    Returns ``(vertical [B, H, S], slash [B, H, S], rows [L'])`` as
+    :func:`vertical_scores` / :func:`slash_scores` of :func:`approx_scores` would. ``impl``:
+    ``"triton"`` streams the keys through ``sparse_kernels.line_scores`` (no ``[L, S]``
+    matrix; needs ``L' <= 128``), ``"reference"`` composes the torch steps above, ``"auto"``
+    picks triton on CUDA when ``L' <= 128`` and the reference otherwise (same sums either way).
+    """
+    from sparse_kernels import line_scores
+    from sparse_kernels._validate import resolve_impl
+
+    S = q.shape[2]
+    rows = torch.arange(max(0, S - L), S, device=q.device)
+    n = rows.numel()
+    which = resolve_impl(impl, q.device, "last_line_scores")
+    if impl == "auto" and n > 128:
+        which = "reference"
+    if which == "triton":
+        vert, sl = line_scores(q[:, :, S - n :], k, S - n, scale=scale, impl="triton")
+        return vert, sl, rows
+    p = approx_scores(q, k, rows, scale=scale)
+    return vertical_scores(p), slash_scores(p, rows), rows
+
+
 def topk_indices(scores: torch.Tensor, k: int, *, forced: int = 0) -> torch.Tensor:
     """Indices of the ``k`` largest entries along the last dim, the first ``forced`` always
     included (set to +inf first); sorted ascending, int64. ``k`` is clipped to the length."""
@@ -104,6 +131,18 @@ def search_grid(
     *,
     rel_tol: float = 0.15,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`search_grid_lines` on the column and diagonal mass of the approximate scores
+    ``p [..., L, S]`` of the query rows ``rows [L]``."""
+    return search_grid_lines(vertical_scores(p), slash_scores(p, rows), strides, rel_tol=rel_tol)
+
+
+def search_grid_lines(
+    col: torch.Tensor,
+    sl: torch.Tensor,
+    strides: list[int],
+    *,
+    rel_tol: float = 0.15,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Algorithm 1: the grid stride and phase of every head from a view of the approximate scores.
 
     For each candidate stride ``s`` the column mass (vertical lines) and the diagonal mass
@@ -114,18 +153,17 @@ def search_grid(
     ``rel_tol`` of the best score. Phase = argmax class of the column view at that stride.
 
     Args:
-        p: ``[..., L, S]`` approximate scores; rows: ``[L]`` their query positions.
+        col: ``[..., S]`` column mass (:func:`vertical_scores`); sl: ``[..., S]`` diagonal mass
+            (:func:`slash_scores`) of the same rows.
     Returns:
-        ``(stride, phase, score)``, each ``p.shape[:-2]`` (int64, int64, float32).
+        ``(stride, phase, score)``, each ``col.shape[:-1]`` (int64, int64, float32).
     """
-    strides = sorted(s for s in strides if (p.shape[-1] - s) // s >= 1)
+    strides = sorted(s for s in strides if (col.shape[-1] - s) // s >= 1)
     if not strides:
         raise ValueError(
             f"search_grid: expected a stride space with at least one stride <= S/2, got none "
-            f"for S={p.shape[-1]}"
+            f"for S={col.shape[-1]}"
         )
-    col = vertical_scores(p)
-    sl = slash_scores(p, rows)
     scores, phases = [], []
     for s in strides:
         rv, arg = _line_ratio(col, s)
@@ -136,7 +174,7 @@ def search_grid(
     ph = torch.stack(phases, -1)
     best = sc.amax(-1, keepdim=True)
     first = (sc >= best * (1.0 - rel_tol)).to(torch.int8).argmax(-1, keepdim=True)
-    st = torch.tensor(strides, device=p.device)[first.squeeze(-1)]
+    st = torch.tensor(strides, device=col.device)[first.squeeze(-1)]
     return st, ph.gather(-1, first).squeeze(-1), sc.gather(-1, first).squeeze(-1)
 
 

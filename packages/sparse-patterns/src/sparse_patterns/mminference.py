@@ -106,10 +106,6 @@ def _topk_per_head(scores: torch.Tensor, k: torch.Tensor, forced: torch.Tensor) 
     return torch.where(keep, idx, -1)
 
 
-def _last_rows(S: int, L: int, dev) -> torch.Tensor:
-    return torch.arange(max(0, S - L), S, device=dev)
-
-
 def _modality_rows(mod: torch.Tensor, uniq: torch.Tensor, L: int) -> torch.Tensor:
     """``[M, L]``: the last ``L`` positions of each modality (repeating its first position when
     it has fewer tokens)."""
@@ -129,18 +125,19 @@ class _Ctx:
         self.q, self.k, self.block, self.scale = q, k, block, scale
         self.B, self.H, self.S, _ = q.shape
         self.layout = layout
-        self._p_last: dict[int, torch.Tensor] = {}
         self._p_mod: dict[int, torch.Tensor] = {}
+        self._lines_last: dict[int, tuple] = {}
         self.mod = layout.modality
         self.uniq = torch.unique(self.mod)
         self.mperm = torch.sort(self.mod, stable=True).indices  # modality order
         self.mod_index = torch.searchsorted(self.uniq, self.mod)  # [S] in 0..M-1
 
-    def p_last(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = _last_rows(self.S, L, self.q.device)
-        if L not in self._p_last:
-            self._p_last[L] = E.approx_scores(self.q, self.k, rows, scale=self.scale)
-        return self._p_last[L], rows
+    def lines_last(self, L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Column and diagonal mass of the last ``L`` queries, ``[B, H, S]`` each, and the rows
+        (the Triton line-score kernel on CUDA: no ``[H, L, S]`` matrix)."""
+        if L not in self._lines_last:
+            self._lines_last[L] = E.last_line_scores(self.q, self.k, L, scale=self.scale)
+        return self._lines_last[L]
 
     def p_mod(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = _modality_rows(self.mod, self.uniq, L)
@@ -173,18 +170,22 @@ def _plan_static(ctx: _Ctx, cfgs, kind) -> tuple:
 
 
 def _vs_indices(p: torch.Tensor, rows: torch.Tensor, cfgs, B: int):
-    dev = p.device
+    return _vs_topk(E.vertical_scores(p), E.slash_scores(p, rows), cfgs, B)
+
+
+def _vs_topk(col: torch.Tensor, slash: torch.Tensor, cfgs, B: int):
+    dev = col.device
     nv, ns = _per_head(cfgs, B, "n_vertical", dev), _per_head(cfgs, B, "n_slash", dev)
     sink, local = _per_head(cfgs, B, "sink", dev), _per_head(cfgs, B, "local", dev)
-    vert = _topk_per_head(E.vertical_scores(p), nv, torch.minimum(sink, nv))
-    sl = _topk_per_head(E.slash_scores(p, rows), ns, torch.minimum(local, ns))
+    vert = _topk_per_head(col, nv, torch.minimum(sink, nv))
+    sl = _topk_per_head(slash, ns, torch.minimum(local, ns))
     return vert, sl
 
 
 def _plan_vs(ctx: _Ctx, hs, cfgs) -> tuple:
     L = max(c.pattern.last_q for c in cfgs)
-    p_all, rows = ctx.p_last(L)
-    vert, sl = _vs_indices(ctx.sel(p_all, hs), rows, cfgs, ctx.B)
+    col, slash, _ = ctx.lines_last(L)
+    vert, sl = _vs_topk(ctx.sel(col, hs), ctx.sel(slash, hs), cfgs, ctx.B)
     N, nb = vert.shape[0], -(-ctx.S // ctx.block)
     idx, cnt = lists_from_chunks(
         vertical_slash_block_mask(vert, sl, ctx.S, ctx.block), N, nb, nb, ctx.q.device
@@ -195,9 +196,9 @@ def _plan_vs(ctx: _Ctx, hs, cfgs) -> tuple:
 def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     dev = ctx.q.device
     L = max(c.pattern.last_q for c in cfgs)
-    p_all, rows = ctx.p_last(L)
-    p = ctx.sel(p_all, hs)  # [N, L, S]
-    N = p.shape[0]
+    col_all, sl_all, _ = ctx.lines_last(L)
+    col, sl = ctx.sel(col_all, hs), ctx.sel(sl_all, hs)  # [N, S]
+    N = col.shape[0]
     stride = torch.zeros(N, dtype=torch.int64, device=dev)
     phase = torch.zeros(N, dtype=torch.int64, device=dev)
     # Heads sharing a stride space are searched together (a loop over distinct spaces, not heads).
@@ -214,19 +215,18 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
         spaces.setdefault(sp, []).append(n)
     for sp, ns in spaces.items():
         sel = torch.tensor(ns, device=dev)
-        ps = p if len(ns) == N else p[sel]
+        cs, ss = (col, sl) if len(ns) == N else (col[sel], sl[sel])
         if len(sp) == 1:
             s = sp[0]
-            col = E.vertical_scores(ps)
             n_per = max(1, (ctx.S - s) // s)
             v = (
-                col[..., s : s + n_per * s].reshape(len(ns), n_per, s).mean(-2)
+                cs[..., s : s + n_per * s].reshape(len(ns), n_per, s).mean(-2)
                 if 2 * s <= ctx.S
-                else col[..., :s]
+                else cs[..., :s]
             )
             st, ph = torch.full((len(ns),), s, device=dev), v.argmax(-1)
         else:
-            st, ph, _ = E.search_grid(ps, rows, list(sp))
+            st, ph, _ = E.search_grid_lines(cs, ss, list(sp))
         stride[sel], phase[sel] = st, ph
     perm, _ = grid_permutation(ctx.S, stride, phase, device=dev)
     offs = grid_line_offsets(ctx.S, stride, phase, device=dev)
@@ -623,9 +623,8 @@ def estimate_vertical_slash(
         raise TypeError(f"pattern: expected a VerticalSlash, got {type(pattern).__name__}")
     B, H, S, D = q.shape
     scale = check_scale(scale, D)
-    rows = _last_rows(S, pattern.last_q, q.device)
-    p = E.approx_scores(q, k, rows, scale=scale).reshape(B * H, -1, S)
-    vert, sl = _vs_indices(p, rows, [HeadConfig(pattern)], B * H)
+    col, slash, _ = E.last_line_scores(q, k, pattern.last_q, scale=scale)
+    vert, sl = _vs_topk(col.reshape(B * H, S), slash.reshape(B * H, S), [HeadConfig(pattern)], B * H)
     vert = torch.sort(vert, -1).values.reshape(B, H, -1)
     sl = torch.sort(sl, -1).values.reshape(B, H, -1)
     return vert.to(torch.int32), sl.to(torch.int32)

@@ -86,13 +86,15 @@ def grid_permutation(
     if bool((st < 1).any()):
         raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
     H = max(st.numel(), ph.numel())
+    offs = grid_line_offsets(S, st.expand(H), ph.expand(H), device=device)
     st = st.expand(H)[:, None]
     ph = ph.expand(H)[:, None]
     i = torch.arange(S, device=device, dtype=torch.int64)[None, :]
     line = torch.remainder(i - ph, st)
-    # Unique integer key per token: line-major, index-minor; argsort of distinct keys is exact.
-    perm = torch.argsort(line * S + i, dim=-1).to(torch.int32)
-    return Permutation(perm, inverse_permutation(perm))
+    # Token i is the (i // stride)-th token of its line (the line's first token is i mod stride),
+    # so its permuted position is arithmetic: no sort.
+    inverse = (offs.gather(1, line) + torch.div(i, st, rounding_mode="floor")).to(torch.int32)
+    return Permutation(inverse_permutation(inverse), inverse)
 
 
 def grid_line_offsets(

@@ -1,0 +1,75 @@
+"""Public entry of the line scores (the estimation step of Vertical-Slash and Grid heads)."""
+
+from __future__ import annotations
+
+import torch
+
+from .._validate import check_scale, check_tensor, check_triton_head_dim, resolve_impl
+from .._validate import SUPPORTED_DTYPES
+from .reference import line_scores_reference
+
+
+def line_scores(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    row_start: int,
+    *,
+    scale: float | None = None,
+    impl: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column and diagonal mass of the approximate attention of ``L`` consecutive query rows.
+
+    Row ``l`` is query position ``r_l = row_start + l``; its distribution is
+    ``p[l, j] = softmax_j(q_l . k_j * scale)`` over the causally visible keys ``j <= r_l``.
+    Returns float32 ``(vertical, slash)``, each ``[B, H, S]``:
+    ``vertical[j] = sum_l p[l, j]`` (mass per key column) and
+    ``slash[o] = sum_l p[l, r_l - o]`` (mass per diagonal offset ``o = i - j >= 0``).
+    This is what MInference's Vertical-Slash and MMInference's Grid estimators read from the last
+    ``last_q`` queries. The Triton path never holds the ``[B, H, L, S]`` matrix: it streams the
+    keys twice (row log-sum-exp, then the sums).
+
+    Args:
+        q_rows: ``[B, H, L, D]`` the query rows (e.g. ``q[:, :, S - 64:]``), ``1 <= L <= 128``.
+        k: ``[B, H_KV, S, D]``, same dtype and device; GQA by grouping (``H % H_KV == 0``).
+        row_start: position of the first row, ``0 <= row_start`` and ``row_start + L <= S``.
+        scale: softmax scale (default ``D ** -0.5``).
+        impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
+    """
+    check_tensor(q_rows, "q_rows")
+    check_tensor(k, "k")
+    for name, t in (("q_rows", q_rows), ("k", k)):
+        if t.ndim != 4:
+            raise ValueError(
+                f"{name}: expected a 4-D tensor [B, H, L|S, D], got shape {tuple(t.shape)}"
+            )
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {t.dtype}")
+    if q_rows.dtype != k.dtype or q_rows.device != k.device:
+        raise TypeError(
+            f"q_rows and k must share dtype and device, got {q_rows.dtype}/{q_rows.device} "
+            f"and {k.dtype}/{k.device}"
+        )
+    B, H, L, D = q_rows.shape
+    Bk, H_KV, S, Dk = k.shape
+    if Bk != B or Dk != D:
+        raise ValueError(
+            f"k: expected [B={B}, H_KV, S, D={D}] to match q_rows, got {tuple(k.shape)}"
+        )
+    if H_KV == 0 or H % H_KV:
+        raise ValueError(f"GQA needs H % H_KV == 0, got H={H}, H_KV={H_KV}")
+    if not 1 <= L <= 128:
+        raise ValueError(f"q_rows: expected 1 <= L <= 128 rows, got L={L}")
+    if isinstance(row_start, bool) or not isinstance(row_start, int):
+        raise TypeError(f"row_start: expected an int, got {type(row_start).__name__}")
+    if row_start < 0 or row_start + L > S:
+        raise ValueError(
+            f"row_start: expected 0 <= row_start and row_start + L <= S (L={L}, S={S}), "
+            f"got {row_start}"
+        )
+    scale = check_scale(scale, D)
+    if resolve_impl(impl, q_rows.device, "line_scores") == "reference":
+        return line_scores_reference(q_rows, k, row_start, scale=scale)
+    check_triton_head_dim(D, "line_scores")
+    from .triton import line_scores_triton
+
+    return line_scores_triton(q_rows, k, row_start, scale=scale)

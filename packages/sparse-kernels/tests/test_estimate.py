@@ -1,0 +1,87 @@
+import pytest
+import torch
+from sparse_kernels.estimate import line_scores, line_scores_reference
+from sparse_kernels.testing import assert_close_budget, default_device, kernel_dtypes, make_qkv
+
+DEV = default_device()
+# Sums of up to 128 probabilities in float32: a few ulps of the largest sum.
+FLOOR = 1e-4
+
+# (B, H, H_KV, L, S, D, row_start)
+CASES = [
+    pytest.param(1, 2, 2, 64, 300, 64, 236, id="last64-S300"),
+    pytest.param(2, 4, 1, 16, 130, 32, 114, id="B2-gqa4-L16"),
+    pytest.param(1, 3, 1, 10, 200, 80, 57, id="L10-D80-middle-rows"),
+    pytest.param(1, 2, 2, 64, 64, 16, 0, id="rows-are-all"),
+    pytest.param(1, 2, 1, 1, 97, 64, 96, id="L1"),
+    pytest.param(1, 2, 2, 128, 400, 64, 272, id="L128"),
+]
+
+
+def _check(B, H, H_KV, L, S, D, row_start, dtype):
+    q, k, _ = make_qkv(B, H, H_KV, S, S, D, dtype=dtype, device=DEV, seed=S + L)
+    q_rows = q[:, :, row_start : row_start + L]  # a view, not a copy
+    vert, slash = line_scores(q_rows, k, row_start, impl="triton")
+    gold = line_scores_reference(q_rows, k, row_start, scale=D**-0.5, compute_dtype=torch.float64)
+    low = line_scores_reference(q_rows, k, row_start, scale=D**-0.5)
+    assert_close_budget(vert, low[0], gold[0], floor=FLOOR, name="vertical")
+    assert_close_budget(slash, low[1], gold[1], floor=FLOOR, name="slash")
+    # Each row is a distribution: both views hold exactly L of mass, none past the last row.
+    assert torch.allclose(vert.sum(-1), torch.full_like(vert[..., 0], L), rtol=1e-4)
+    assert torch.allclose(slash.sum(-1), torch.full_like(slash[..., 0], L), rtol=1e-4)
+    assert not bool(vert[..., row_start + L :].any())
+    assert not bool(slash[..., row_start + L :].any())
+
+
+@pytest.mark.parametrize("dtype", kernel_dtypes(), ids=str)
+@pytest.mark.parametrize("B, H, H_KV, L, S, D, row_start", CASES)
+def test_line_scores_matches_reference(B, H, H_KV, L, S, D, row_start, dtype):
+    _check(B, H, H_KV, L, S, D, row_start, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_line_scores_qwen_shape_gpu(dtype):
+    _check(1, 28, 4, 64, 20000, 128, 20000 - 64, dtype)
+
+
+def test_reference_matches_definition():
+    """The reference against a direct per-element evaluation of the two sums."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 1, 12, 8, generator=g, dtype=torch.float64)
+    vert, slash = line_scores_reference(q, k, 6, scale=0.5, compute_dtype=torch.float64)
+    for h in range(2):
+        p = torch.zeros(5, 12, dtype=torch.float64)
+        for lrow in range(5):
+            r = 6 + lrow
+            s = (q[0, h, lrow] @ k[0, 0, : r + 1].T) * 0.5
+            p[lrow, : r + 1] = torch.softmax(s, -1)
+        want_v = p.sum(0)
+        want_s = torch.zeros(12, dtype=torch.float64)
+        for lrow in range(5):
+            for j in range(6 + lrow + 1):
+                want_s[6 + lrow - j] += p[lrow, j]
+        assert torch.allclose(vert[0, h].double(), want_v, atol=1e-6)
+        assert torch.allclose(slash[0, h].double(), want_s, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(row_start=-1), ValueError, "row_start"),
+        (dict(row_start=90), ValueError, "row_start \\+ L <= S"),
+        (dict(row_start=1.0), TypeError, "row_start: expected an int"),
+        (dict(q_rows=torch.randn(1, 2, 200, 16)), ValueError, "1 <= L <= 128"),
+        (dict(q_rows=torch.randn(1, 3, 8, 16)), ValueError, "H % H_KV"),
+        (dict(q_rows=torch.randn(1, 2, 8, 32)), ValueError, "D=32"),
+        (dict(q_rows=torch.randn(1, 2, 8, 16).double()), TypeError, "float64"),
+        (dict(q_rows=torch.randn(2, 8, 16)), ValueError, "4-D"),
+        (dict(impl="fast"), ValueError, "impl must be one of"),
+    ],
+)
+def test_line_scores_bad_input(kwargs, exc, match):
+    args = dict(q_rows=torch.randn(1, 2, 8, 16), k=torch.randn(1, 2, 96, 16), row_start=88)
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        line_scores(args.pop("q_rows"), args.pop("k"), args.pop("row_start"), **args)

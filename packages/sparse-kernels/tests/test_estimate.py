@@ -85,3 +85,19 @@ def test_line_scores_bad_input(kwargs, exc, match):
     args.update(kwargs)
     with pytest.raises(exc, match=match):
         line_scores(args.pop("q_rows"), args.pop("k"), args.pop("row_start"), **args)
+
+
+@pytest.mark.gpu
+def test_line_scores_offsets_past_int32_gpu():
+    """Head offsets of ``q`` past 2**31 elements (a 1M-token, 28-head layer has them): the row
+    views of a huge tensor must give the same sums as a compact copy."""
+    big = torch.empty(1, 3, 2**30 // 16 + 64, 16, dtype=torch.float16, device=DEV)
+    q_rows = big[:, :, :64]
+    assert q_rows.stride(1) * 2 >= 2**31
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q_rows.copy_(torch.randn(1, 3, 64, 16, generator=g).to(DEV, torch.float16))
+    k = torch.randn(1, 1, 300, 16, generator=g).to(DEV, torch.float16)
+    got = line_scores(q_rows, k, 236, impl="triton")
+    want = line_scores(q_rows.contiguous(), k, 236, impl="triton")
+    del big, q_rows
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

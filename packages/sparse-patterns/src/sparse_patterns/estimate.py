@@ -10,6 +10,8 @@ All functions work on every head at once (leading dims ``[B, H]``); no per-head 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -107,11 +109,16 @@ def stride_space(tokens_per_frame: int | None, *, max_stride: int, S: int) -> li
     """Grid strides to try: tokens per frame and its divisors (>= 2), capped at ``max_stride``
     and at ``S // 4`` (a stride needs a few periods to be seen). Without a frame size: every
     stride 2..min(max_stride, 256, S // 4)."""
+    return list(_stride_space(tokens_per_frame, max_stride, S))
+
+
+@functools.lru_cache(maxsize=256)
+def _stride_space(tokens_per_frame: int | None, max_stride: int, S: int) -> tuple[int, ...]:
     cap = min(max_stride, max(2, S // 4))
     if tokens_per_frame is None:
-        return list(range(2, min(cap, 256) + 1))
+        return tuple(range(2, min(cap, 256) + 1))
     t = tokens_per_frame
-    return [d for d in range(2, t + 1) if t % d == 0 and d <= cap]
+    return tuple(d for d in range(2, t + 1) if t % d == 0 and d <= cap)
 
 
 def _line_ratio(x: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,12 +171,12 @@ def search_grid_lines(
             f"search_grid: expected a stride space with at least one stride <= S/2, got none "
             f"for S={col.shape[-1]}"
         )
+    both = torch.stack([col, sl])  # one view per stride for the two kinds of line
     scores, phases = [], []
     for s in strides:
-        rv, arg = _line_ratio(col, s)
-        rs, _ = _line_ratio(sl, s)
-        scores.append(torch.maximum(rv, rs))
-        phases.append(arg)
+        r, arg = _line_ratio(both, s)
+        scores.append(r.amax(0))
+        phases.append(arg[0])
     sc = torch.stack(scores, -1)
     ph = torch.stack(phases, -1)
     best = sc.amax(-1, keepdim=True)

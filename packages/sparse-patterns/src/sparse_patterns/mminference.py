@@ -203,8 +203,9 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     phase = torch.zeros(N, dtype=torch.int64, device=dev)
     # Heads sharing a stride space are searched together (a loop over distinct spaces, not heads).
     spaces: dict[tuple[int, ...], list[int]] = {}
-    for n in range(N):
-        c = cfgs[n % len(cfgs)].pattern
+    Hg = len(cfgs)
+    for i, cfg in enumerate(cfgs):
+        c = cfg.pattern
         sp = (
             (c.stride,)
             if c.stride is not None
@@ -212,8 +213,9 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
                 E.stride_space(ctx.layout.tokens_per_frame, max_stride=c.max_stride, S=ctx.S)
             )
         )
-        spaces.setdefault(sp, []).append(n)
+        spaces.setdefault(sp, []).extend(range(i, N, Hg))
     for sp, ns in spaces.items():
+        ns = sorted(ns)
         sel = torch.tensor(ns, device=dev)
         cs, ss = (col, sl) if len(ns) == N else (col[sel], sl[sel])
         if len(sp) == 1:
@@ -230,10 +232,10 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
         stride[sel], phase[sel] = st, ph
     perm, _ = grid_permutation(ctx.S, stride, phase, device=dev)
     offs = grid_line_offsets(ctx.S, stride, phase, device=dev)
-    flags = [
-        torch.tensor([getattr(cfgs[n % len(cfgs)].pattern, f) for n in range(N)], device=dev)
-        for f in ("use_hline", "use_vline", "use_slash")
-    ]
+    flags = torch.tensor(
+        [[getattr(c.pattern, f) for c in cfgs] for f in ("use_hline", "use_vline", "use_slash")],
+        device=dev,
+    ).repeat(1, ctx.B)  # [3, N], b-major like every per-head tensor here
     nb = -(-ctx.S // ctx.block)
     if bool(flags[0].any()):
         fn = grid_block_mask(perm, offs, *flags, ctx.S, ctx.block)

@@ -18,7 +18,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import LOG2E, block_d, on_interpreter
+from .._triton.config import LOG2E, autotune_off, block_d, configs, on_interpreter
+
+
+def _prune_lines(configs_, named_args, **kwargs):
+    """fp32 (exact dots) and autotune-off runs: the smallest config."""
+    if on_interpreter():
+        return configs_
+    if named_args["q_ptr"].dtype == torch.float32 or autotune_off():
+        return [min(configs_, key=lambda c: (c.kwargs["OB_PER"], c.num_warps))]
+    return configs_
 
 
 @triton.jit
@@ -55,11 +64,15 @@ def _lse_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     q = tl.load(
-        q_ptr + b * stride_q_b + h * stride_q_h + offs_l[:, None] * stride_q_s + offs_d[None, :],
+        q_ptr
+        + b.to(tl.int64) * stride_q_b
+        + h.to(tl.int64) * stride_q_h
+        + offs_l[:, None] * stride_q_s
+        + offs_d[None, :],
         mask=(offs_l[:, None] < L) & (offs_d[None, :] < D),
         other=0.0,
     )
-    kb = k_ptr + b * stride_k_b + (h // GROUP) * stride_k_h
+    kb = k_ptr + b.to(tl.int64) * stride_k_b + (h // GROUP).to(tl.int64) * stride_k_h
     r = row_start + offs_l
     m_i = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
@@ -68,7 +81,7 @@ def _lse_kernel(
     for j0 in range(lo, hi, BLOCK_N):
         j = j0 + offs_n
         kt = tl.load(
-            kb + j[None, :] * stride_k_s + offs_d[:, None],
+            kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
             mask=(j[None, :] < hi) & (offs_d[:, None] < D),
             other=0.0,
         )
@@ -87,6 +100,19 @@ def _lse_kernel(
     tl.store(l_ptr + out, l_i)
 
 
+@triton.autotune(
+    configs=configs(
+        [
+            dict(OB_PER=1, num_warps=4, num_stages=1),
+            dict(OB_PER=4, num_warps=4, num_stages=2),
+            dict(OB_PER=16, num_warps=4, num_stages=2),
+            dict(OB_PER=16, num_warps=8, num_stages=2),
+        ],
+        dict(OB_PER=2),
+    ),
+    key=["D", "BLOCK_L", "IEEE"],
+    prune_configs_by={"early_config_prune": _prune_lines},
+)
 @triton.jit
 def _lines_kernel(
     q_ptr,
@@ -105,54 +131,64 @@ def _lines_kernel(
     L,
     S,
     row_start,
+    n_ob,
     qk_scale,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BO: tl.constexpr,
     IEEE: tl.constexpr,
+    OB_PER: tl.constexpr,
 ):
     W: tl.constexpr = BO + BLOCK_L
-    ob = tl.program_id(0)
+    pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    o0 = ob * BO
     offs_l = tl.arange(0, BLOCK_L)
     offs_d = tl.arange(0, BLOCK_D)
     offs_t = tl.arange(0, W)
+    offs_u = tl.arange(0, BO)
     q = tl.load(
-        q_ptr + b * stride_q_b + h * stride_q_h + offs_l[:, None] * stride_q_s + offs_d[None, :],
+        q_ptr
+        + b.to(tl.int64) * stride_q_b
+        + h.to(tl.int64) * stride_q_h
+        + offs_l[:, None] * stride_q_s
+        + offs_d[None, :],
         mask=(offs_l[:, None] < L) & (offs_d[None, :] < D),
         other=0.0,
     )
     lse = tl.load(lse_ptr + bh * BLOCK_L + offs_l)
-    # Window key t is j = jw0 + t; row l at offset o0 + u reads t = BO - 1 + l - u.
-    jw0 = row_start - o0 - BO + 1
-    j = jw0 + offs_t
     r = row_start + offs_l
-    kb = k_ptr + b * stride_k_b + (h // GROUP) * stride_k_h
-    kt = tl.load(
-        kb + j[None, :] * stride_k_s + offs_d[:, None],
-        mask=(j[None, :] >= 0) & (j[None, :] < S) & (offs_d[:, None] < D),
-        other=0.0,
-    )
-    if IEEE:
-        s = tl.dot(q, kt, input_precision="ieee")
-    else:
-        s = tl.dot(q, kt)
-    ok = (j[None, :] >= 0) & (j[None, :] <= r[:, None]) & (offs_l[:, None] < L)
-    p = tl.where(ok, tl.exp2(s * qk_scale - lse[:, None]), 0.0)
-    # Vertical: this program owns keys t in [L - 1, L - 1 + BO) of its window.
-    colsum = tl.sum(p, 0)
-    own = (offs_t >= L - 1) & (offs_t < L - 1 + BO) & (j >= 0) & (j < S)
-    tl.store(vert_ptr + bh * S + j, colsum, mask=own)
-    # Slash: gather the diagonals of the tile, one column per offset.
-    offs_u = tl.arange(0, BO)
+    kb = k_ptr + b.to(tl.int64) * stride_k_b + (h // GROUP).to(tl.int64) * stride_k_h
+    out_v = vert_ptr + bh.to(tl.int64) * S
+    out_s = slash_ptr + bh.to(tl.int64) * S
+    # Row l at offset o0 + u reads the diagonal element t = BO - 1 + l - u of the window.
     idx = BO - 1 + offs_l[:, None] - offs_u[None, :]
-    diag = tl.gather(p, idx, 1)
-    o = o0 + offs_u
-    tl.store(slash_ptr + bh * S + o, tl.sum(diag, 0), mask=o < S)
+    for i in range(OB_PER):
+        ob = pid * OB_PER + i
+        if ob < n_ob:
+            o0 = ob * BO
+            # Window key t is j = jw0 + t.
+            jw0 = row_start - o0 - BO + 1
+            j = jw0 + offs_t
+            kt = tl.load(
+                kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
+                mask=(j[None, :] >= 0) & (j[None, :] < S) & (offs_d[:, None] < D),
+                other=0.0,
+            )
+            if IEEE:
+                s = tl.dot(q, kt, input_precision="ieee")
+            else:
+                s = tl.dot(q, kt)
+            ok = (j[None, :] >= 0) & (j[None, :] <= r[:, None]) & (offs_l[:, None] < L)
+            p = tl.where(ok, tl.exp2(s * qk_scale - lse[:, None]), 0.0)
+            # Vertical: this block owns keys t in [L - 1, L - 1 + BO) of its window.
+            own = (offs_t >= L - 1) & (offs_t < L - 1 + BO) & (j >= 0) & (j < S)
+            tl.store(out_v + j, tl.sum(p, 0), mask=own)
+            # Slash: the diagonals of the tile, one column per offset.
+            o = o0 + offs_u
+            tl.store(out_s + o, tl.sum(tl.gather(p, idx, 1), 0), mask=o < S)
 
 
 _BLOCK_N = 64
@@ -192,12 +228,12 @@ def line_scores_triton(
     # BO = BLOCK_L keeps the window (BO + BLOCK_L keys) a power of two.
     BO = BLOCK_L
     n_ob = triton.cdiv(row_start + L, BO)
-    _lines_kernel[(n_ob, B * H)](
+    grid = lambda meta: (triton.cdiv(n_ob, meta["OB_PER"]), B * H)  # noqa: E731
+    _lines_kernel[grid](
         q_rows, k, lse, vert, slash,
         q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
-        H, H // H_KV, L, S, row_start, qk_scale,
+        H, H // H_KV, L, S, row_start, n_ob, qk_scale,
         D=D, BLOCK_D=BD, BLOCK_L=BLOCK_L, BO=BO, IEEE=ieee,
-        num_warps=8 if BLOCK_L >= 128 else 4, num_stages=1,
     )  # fmt: skip
     return vert.reshape(B, H, S), slash.reshape(B, H, S)

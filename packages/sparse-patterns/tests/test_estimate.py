@@ -135,9 +135,10 @@ def test_vertical_slash_recall_on_planted_head():
 def test_last_line_scores_triton_matches_torch_steps(L):
     """The streaming kernel path and the composed torch steps give the same sums (and so the
     same top-k lists and grid search)."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(5)
-    q = torch.randn(1, 4, 300, 32)
-    k = torch.randn(1, 2, 300, 32)
+    q = torch.randn(1, 4, 300, 32).to(dev)
+    k = torch.randn(1, 2, 300, 32).to(dev)
     ref = E.last_line_scores(q, k, L, scale=0.2, impl="reference")
     if L > 128:
         with pytest.raises(ValueError, match="1 <= L <= 128"):

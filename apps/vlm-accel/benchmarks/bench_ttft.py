@@ -11,7 +11,8 @@ Methods:
 - ``dense``: HF SDPA attention under the cuDNN backend.
 - ``mminference``: every layer runs ``sparse_patterns.plan_layer`` + ``BlockPlan.run`` with a
   fixed head mix (random weights make a search meaningless): per KV group of 7 heads, 4 Grid
-  (stride = tokens per frame), 2 Vertical-Slash, 1 A-shape.
+  (stride = tokens per frame), 2 Vertical-Slash (`--exact-verticals`: columns not rounded to
+  blocks, MInference's kernel), 1 A-shape.
 - ``mminference+trianglemix``: the same below layer 14, triangle attention from it
   (sink 128, window 4096, last 128; last layer last-row only as in triangle_mix).
 
@@ -96,7 +97,7 @@ def _positions(S: int, tpf: int, device: str) -> torch.Tensor:
     return pos[:, None]
 
 
-def _head_mix(heads: int, kv_heads: int, tpf: int):
+def _head_mix(heads: int, kv_heads: int, tpf: int, exact_verticals: bool = False):
     from sparse_patterns import AShape, Grid, HeadConfig, VerticalSlash
 
     group = heads // kv_heads
@@ -106,7 +107,11 @@ def _head_mix(heads: int, kv_heads: int, tpf: int):
         if j < (4 * group) // 7 or group < 3:
             mix.append(HeadConfig(Grid(stride=tpf)))
         elif j < group - 1:
-            mix.append(HeadConfig(VerticalSlash(n_vertical=1000, n_slash=1024)))
+            mix.append(
+                HeadConfig(
+                    VerticalSlash(n_vertical=1000, n_slash=1024, exact_verticals=exact_verticals)
+                )
+            )
         else:
             mix.append(HeadConfig(AShape(sink=128, window=4096)))
     return tuple(mix)
@@ -172,7 +177,9 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
 
     if method == "dense":
         return None
-    heads = _head_mix(dims["heads"], dims["kv_heads"], dims["tpf"])
+    heads = _head_mix(
+        dims["heads"], dims["kv_heads"], dims["tpf"], dims.get("exact_verticals", False)
+    )
 
     def dynamic(q, k, v, *, layer_idx, scale):
         tok = timer.start("estimation")
@@ -231,7 +238,7 @@ def bench(
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = _model(dims, device, dtype)
-    info = env_info()
+    info = dict(env_info(), exact_verticals=bool(dims.get("exact_verticals", False)))
     rows = []
     for name, S in lengths:
         g = torch.Generator(device).manual_seed(S)
@@ -322,6 +329,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="one prefill per row: TTFT and parts from the same event-timed pass",
     )
+    p.add_argument(
+        "--exact-verticals",
+        action="store_true",
+        help="Vertical-Slash heads attend their columns exactly (MInference's kernel) instead of "
+        "rounding them to key blocks",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny shape on the CPU (dry run)")
     p.add_argument("--out", default="bench_ttft.json")
     a = p.parse_args(argv)
@@ -338,6 +351,7 @@ def main(argv=None) -> int:
         if bad:
             p.error(f"--lengths: expected some of {', '.join(LENGTHS)}, got {bad}")
         lengths, dims, device = [(x, LENGTHS[x]) for x in a.lengths.split(",")], FULL, "cuda"
+    dims = dict(dims, exact_verticals=a.exact_verticals)
     if a.warmup_tokens is not None and a.warmup_tokens < 2 * TEXT + dims["tpf"]:
         p.error(
             f"--warmup-tokens: expected at least {2 * TEXT + dims['tpf']}, got {a.warmup_tokens}"

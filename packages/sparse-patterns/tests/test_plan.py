@@ -80,6 +80,26 @@ def test_vertical_slash_block_mask_is_exact_block_rounding():
     assert torch.equal(got, _reduce(em, blk))
 
 
+@pytest.mark.parametrize("S, blk", [(301, 32), (256, 64), (1000, 16), (70, 64)])
+def test_vertical_slash_block_mask_random_chunks(S, blk):
+    """Random columns and diagonals (with -1 padding) for several heads, built in chunks of
+    query blocks: every chunk equals the block reduction of the element mask."""
+    g = torch.Generator().manual_seed(S + blk)
+    N = 3
+    vert = torch.randint(-1, S, (N, 9), generator=g)
+    sl = torch.randint(-1, S, (N, 7), generator=g)
+    nb = -(-S // blk)
+    fn = vertical_slash_block_mask(vert, sl, S, blk)
+    i = torch.arange(S)[:, None]
+    j = torch.arange(S)[None, :]
+    for n in range(N):
+        v, o = vert[n][vert[n] >= 0], sl[n][sl[n] >= 0]
+        em = (torch.isin(j, v) | torch.isin(i - j, o)) & (j <= i)
+        want = _reduce(em, blk)
+        for m0, m1 in ((0, nb), (0, 1), (nb // 2, nb), (max(0, nb - 1), nb)):
+            assert torch.equal(fn(m0, m1)[n], want[m0:m1]), (n, m0, m1)
+
+
 def test_grid_plan_covers_the_grid_pattern():
     """Every (i, j) of the element Grid pattern (stride, phase found) is executed."""
     S, st, ph = 517, 12, 4
@@ -441,3 +461,64 @@ def test_q_boundary_grid_per_modality_stride_and_phase():
     out = qb.run(q, k, v, impl="reference")
     ref = masked_attention_reference(q, k, v, qb.row_mask(i), scale=D**-0.5)
     torch.testing.assert_close(out.out, ref.out, rtol=1e-5, atol=1e-5)
+
+
+def _triton_available() -> bool:
+    import os
+
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_exact_vertical_heads_run_the_minference_set(impl):
+    """VerticalSlash(exact_verticals=True) heads: grouped by their counts into their own
+    launches, their executed set is exactly sparse_kernels' vertical-slash set (columns not
+    rounded), the rest of the layer is unchanged, and the output is attention over row_mask."""
+    if impl == "triton" and not _triton_available():
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    from sparse_kernels.vertical_slash import vertical_slash_mask
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(4)
+    B, H, H_KV, S, D = 2, 6, 2, 300, 32
+    q, k, v = (torch.randn(B, h, S, D, generator=g).to(dev) for h in (H, H_KV, H_KV))
+    ex = VerticalSlash(n_vertical=10, n_slash=8, exact_verticals=True)
+    cfgs = [
+        HeadConfig(ex),
+        HeadConfig(AShape(sink=4, window=64)),
+        HeadConfig(ex),
+        HeadConfig(VerticalSlash(n_vertical=5, n_slash=8, exact_verticals=True)),
+        HeadConfig(VerticalSlash(n_vertical=10, n_slash=8)),
+        HeadConfig(ex),
+    ]
+    plan = plan_layer(q, k, cfgs, None, block=64)
+    assert sorted(p.heads for p in plan.exact_vertical) == [(0, 2, 5), (3,)]
+    rows = torch.arange(S, device=dev)
+    mask = plan.row_mask(rows)
+    for part in plan.exact_vertical:
+        want = vertical_slash_mask(part.vertical, part.slash, S, block_m=64, block_n=64)
+        assert torch.equal(mask[:, list(part.heads)], want.bool())
+    # The block-rounded head 4 and the A-shape head 1 are the same as in a plan without them.
+    alone = plan_layer(q, k, [cfgs[1], cfgs[4]] * 3, None, block=64)
+    assert torch.equal(mask[:, [1, 4]], alone.row_mask(rows)[:, [0, 1]])
+    out = plan.run(q, k, v, impl=impl)
+    gold = masked_attention_reference(q, k, v, mask, scale=D**-0.5, compute_dtype=torch.float64)
+    low = masked_attention_reference(q, k, v, mask, scale=D**-0.5)
+    assert_close_budget(out.out, low.out, gold.out, dtype=torch.float32)
+    with pytest.raises(NotImplementedError, match="exact_verticals"):
+        plan.to_block_mask()
+
+
+def test_exact_vertical_heads_need_block_64_or_128():
+    q, k = torch.randn(1, 2, 100, 16), torch.randn(1, 1, 100, 16)
+    with pytest.raises(ValueError, match="block 64 or 128"):
+        plan_layer(q, k, VerticalSlash(n_vertical=4, n_slash=4, exact_verticals=True), None, block=32)
+
+
+def test_exact_vertical_heads_reject_q_boundary():
+    from sparse_patterns import QBoundary
+
+    q, k = torch.randn(1, 2, 128, 16), torch.randn(1, 1, 128, 16)
+    hc = HeadConfig(VerticalSlash(n_vertical=4, n_slash=4, exact_verticals=True), QBoundary())
+    with pytest.raises(NotImplementedError, match="QBoundary"):
+        plan_layer(q, k, hc, None, block=64)

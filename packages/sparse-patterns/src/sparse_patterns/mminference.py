@@ -34,6 +34,7 @@ from .patterns import (
 )
 from .plan import (
     BlockPlan,
+    ExactVerticalHeads,
     element_block_mask,
     grid_block_mask,
     grid_lists,
@@ -182,15 +183,47 @@ def _vs_topk(col: torch.Tensor, slash: torch.Tensor, cfgs, B: int):
     return vert, sl
 
 
-def _plan_vs(ctx: _Ctx, hs, cfgs) -> tuple:
+def _plan_vs(ctx: _Ctx, hs, cfgs, exact: bool = False) -> tuple:
     L = max(c.pattern.last_q for c in cfgs)
     col, slash, _ = ctx.lines_last(L)
     vert, sl = _vs_topk(ctx.sel(col, hs), ctx.sel(slash, hs), cfgs, ctx.B)
     N, nb = vert.shape[0], -(-ctx.S // ctx.block)
+    if not exact:
+        idx, cnt = lists_from_chunks(
+            vertical_slash_block_mask(vert, sl, ctx.S, ctx.block), N, nb, nb, ctx.q.device
+        )
+        return idx, cnt, None, None, {"vertical": vert, "slash": sl}
+    if ctx.block not in (64, 128):
+        raise ValueError(
+            f"VerticalSlash(exact_verticals=True) runs sparse_kernels.vertical_slash_attention, "
+            f"which takes block 64 or 128; expected plan block 64 or 128, got {ctx.block}"
+        )
+    # Slash tiles only in the block lists; the columns go to the exact kernel.
     idx, cnt = lists_from_chunks(
-        vertical_slash_block_mask(vert, sl, ctx.S, ctx.block), N, nb, nb, ctx.q.device
-    )
-    return idx, cnt, None, None, {"vertical": vert, "slash": sl}
+        vertical_slash_block_mask(torch.full_like(vert[:, :1], -1), sl, ctx.S, ctx.block),
+        N, nb, nb, ctx.q.device,
+    )  # fmt: skip
+    vert = torch.sort(vert, dim=-1).values  # -1 padding first
+    sl = torch.sort(sl, dim=-1).values
+    Hg = len(hs)
+    nv = (vert >= 0).sum(-1).reshape(ctx.B, Hg)
+    ns = (sl >= 0).sum(-1).reshape(ctx.B, Hg)
+    if not (bool((nv == nv[:1]).all()) and bool((ns == ns[:1]).all())):
+        raise NotImplementedError(
+            "VerticalSlash(exact_verticals=True): the batch rows of one head found different "
+            "numbers of columns or diagonals (only possible for very short sequences)"
+        )
+    # Heads with equal counts share one launch.
+    parts: dict[tuple[int, int], list[int]] = {}
+    for j, key in enumerate(zip(nv[0].tolist(), ns[0].tolist())):
+        parts.setdefault(key, []).append(j)
+    exact_parts = []
+    for (a, b), local in parts.items():
+        rows = torch.tensor(local, device=vert.device)
+        v_ = vert.reshape(ctx.B, Hg, -1)[:, rows, vert.shape[-1] - a :]
+        s_ = sl.reshape(ctx.B, Hg, -1)[:, rows, sl.shape[-1] - b :]
+        exact_parts.append((local, v_.to(torch.int32), s_.to(torch.int32)))
+    return idx, cnt, None, None, {"exact_vertical": exact_parts}
 
 
 def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
@@ -547,17 +580,24 @@ def plan_layer(
     groups: dict[tuple, list[int]] = {}
     for h, c in enumerate(cfgs):
         bkind = "none" if isinstance(c.boundary, (NoBoundary, KBoundary)) else c.boundary.kind
-        groups.setdefault((type(c.pattern), bkind), []).append(h)
+        exact = bool(getattr(c.pattern, "exact_verticals", False))
+        if exact and bkind != "none":
+            raise NotImplementedError(
+                f"head {h}: VerticalSlash(exact_verticals=True) runs without a boundary, with "
+                f"NoBoundary or KBoundary; got {type(c.boundary).__name__} (use "
+                f"exact_verticals=False there)"
+            )
+        groups.setdefault((type(c.pattern), bkind, exact), []).append(h)
     nb = -(-S // block)
     results = []
-    for (ptype, bkind), hs in groups.items():
+    for (ptype, bkind, exact), hs in groups.items():
         gc = [cfgs[h] for h in hs]
         if bkind in ("q", "2d"):
             res = _plan_boundary(ctx, hs, gc, two_d=bkind == "2d")
         elif ptype in _STATIC:
             res = _plan_static(ctx, gc, _STATIC[ptype])
         elif ptype is VerticalSlash:
-            res = _plan_vs(ctx, hs, gc)
+            res = _plan_vs(ctx, hs, gc, exact)
         elif ptype is Grid:
             res = _plan_grid(ctx, hs, gc)
         elif ptype is BlockSparse:
@@ -576,7 +616,10 @@ def plan_layer(
     kv_perm = ident.expand(B, H, S).clone() if any_k else None
     stride = torch.full((B, H), -1, dtype=torch.int64, device=dev)
     phase = torch.full((B, H), -1, dtype=torch.int64, device=dev)
+    exact_vertical = []
     for hs, (i, c, qp, kp, meta) in results:
+        for local, vv, ss in meta.get("exact_vertical", ()):
+            exact_vertical.append(ExactVerticalHeads(tuple(hs[j] for j in local), vv, ss))
         Hg = len(hs)
         idx[:, hs, :, : i.shape[-1]] = i.reshape(B, Hg, nb, -1)
         cnt[:, hs] = c.reshape(B, Hg, nb)
@@ -587,7 +630,10 @@ def plan_layer(
         if "stride" in meta:
             stride[:, hs] = meta["stride"].reshape(B, Hg)
             phase[:, hs] = meta["phase"].reshape(B, Hg)
-    return BlockPlan(idx, cnt, q_perm, kv_perm, block, S, {"stride": stride, "phase": phase})
+    return BlockPlan(
+        idx, cnt, q_perm, kv_perm, block, S, {"stride": stride, "phase": phase},
+        tuple(exact_vertical),
+    )  # fmt: skip
 
 
 def mminference_attention(

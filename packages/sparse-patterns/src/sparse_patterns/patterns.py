@@ -13,7 +13,11 @@ block-granular superset described in :mod:`sparse_patterns.plan`); ``i`` query p
 * ``VerticalSlash(n_vertical, n_slash, last_q, sink, local)``: MInference's pattern: the top
   ``n_vertical`` key columns and the top ``n_slash`` diagonals (offsets ``i - j``) of the
   approximate attention of the last ``last_q`` queries; the first ``sink`` columns and the
-  first ``local`` diagonals are always kept.
+  first ``local`` diagonals are always kept. ``exact_verticals=False`` (default) rounds the
+  columns up to key blocks and runs the head in the layer's block-sparse launch;
+  ``exact_verticals=True`` attends the columns exactly, MInference's kernel semantics
+  (``sparse_kernels.vertical_slash_attention``: slash tiles plus leftover columns), in a
+  launch of its own for those heads.
 * ``Grid(stride, use_hline, use_vline, use_slash, max_stride, last_q)``: MMInference's grid
   head. With stride ``s`` and phase ``p`` (searched online when ``stride is None``, from the
   stride space = tokens per frame and its divisors, capped at ``max_stride``): vertical lines =
@@ -94,6 +98,7 @@ class VerticalSlash(_Spec):
     last_q: int = 64
     sink: int = 4
     local: int = 64
+    exact_verticals: bool = False
     kind: ClassVar[str] = "vertical_slash"
 
     def __post_init__(self) -> None:
@@ -102,6 +107,11 @@ class VerticalSlash(_Spec):
         _int("VerticalSlash.last_q", self.last_q, 1)
         _int("VerticalSlash.sink", self.sink, 0)
         _int("VerticalSlash.local", self.local, 1)
+        if not isinstance(self.exact_verticals, bool):
+            raise TypeError(
+                f"VerticalSlash.exact_verticals: expected a bool, got "
+                f"{type(self.exact_verticals).__name__}"
+            )
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,28 @@ _CHUNK_ELEMS = 1 << 27
 
 
 @dataclass(frozen=True)
+class ExactVerticalHeads:
+    """Vertical-Slash heads run by ``sparse_kernels.vertical_slash_attention`` (exact columns).
+
+    ``heads``: the layer's head numbers (ascending); ``vertical`` / ``slash`` int32
+    ``[B, len(heads), NV]`` / ``[B, len(heads), NS]``, rows strictly ascending. The plan's block
+    lists of these heads hold their slash tiles only (what the kernel computes for the slashes).
+    """
+
+    heads: tuple[int, ...]
+    vertical: torch.Tensor
+    slash: torch.Tensor
+
+
+@dataclass(frozen=True)
 class BlockPlan:
     """Kernel inputs for ``[B, H]`` heads (see module docstring).
 
     ``kv_block_indices`` int32 ``[B, H, NQB, MAXB]``; ``kv_block_counts`` int32 ``[B, H, NQB]``;
     ``q_perm`` / ``kv_perm`` int32 ``[B, H, S]`` or None; ``block`` = block_m = block_n.
     ``meta``: what estimation found (e.g. ``{"stride": [B, H], "phase": [B, H]}``).
+    ``exact_vertical``: Vertical-Slash heads whose columns are attended exactly (see
+    :class:`ExactVerticalHeads`); they are left out of the block-sparse launch.
     """
 
     kv_block_indices: torch.Tensor
@@ -39,10 +55,17 @@ class BlockPlan:
     block: int
     S: int
     meta: dict
+    exact_vertical: tuple[ExactVerticalHeads, ...] = ()
 
     @property
     def computed_blocks(self) -> int:
-        return int(self.kv_block_counts.sum())
+        """Listed blocks, plus for exact-vertical heads one ``1 / block`` of a tile per column
+        and query block that sees it (an upper bound: columns inside slash tiles count twice)."""
+        n = int(self.kv_block_counts.sum())
+        nqb = -(-self.S // self.block)
+        for part in self.exact_vertical:
+            n += int((nqb - part.vertical.long() // self.block).sum()) / self.block
+        return n
 
     def density(self) -> float:
         """Computed blocks / blocks of dense causal attention (same block size), over all heads."""
@@ -78,6 +101,11 @@ class BlockPlan:
             invk.scatter_(-1, self.kv_perm.long(), ar)
             colp = colp.gather(-1, invk[:, :, None, :].expand(-1, -1, rows.numel(), -1))
         causal = torch.arange(S, device=dev)[None, :] <= rows[:, None]
+        for part in self.exact_vertical:
+            cols = torch.zeros(B, len(part.heads), S, dtype=torch.bool, device=dev)
+            cols.scatter_(-1, part.vertical.long(), True)
+            hs = list(part.heads)
+            colp[:, hs] |= cols[:, :, None, :]
         return colp & causal
 
     def to_block_mask(self):
@@ -85,7 +113,12 @@ class BlockPlan:
         and ``flex_attention`` take), for plans WITHOUT permutations. Its ``mask_mod`` agrees
         with its block lists (a listed block AND causal, looked up in an ``[B, H, NQB, NKB]``
         bool table), so eager and compiled ``flex_attention`` both compute the plan exactly.
-        Raises ``NotImplementedError`` for permuted plans."""
+        Raises ``NotImplementedError`` for permuted plans and plans with exact-vertical heads."""
+        if self.exact_vertical:
+            raise NotImplementedError(
+                "to_block_mask: the plan has Vertical-Slash heads with exact_verticals=True; "
+                "their columns are not blocks, run it with BlockPlan.run"
+            )
         if self.q_perm is not None or self.kv_perm is not None:
             ar = torch.arange(self.S, device=self.kv_block_counts.device, dtype=torch.int32)
             for name, p in (("q_perm", self.q_perm), ("kv_perm", self.kv_perm)):
@@ -118,15 +151,21 @@ class BlockPlan:
         )
 
     def run(self, q, k, v, *, scale: float | None = None, impl: str = "auto"):
-        """Execute with ``sparse_kernels.permuted_block_sparse_attention``."""
-        from sparse_kernels import permuted_block_sparse_attention
+        """Execute with ``sparse_kernels.permuted_block_sparse_attention`` (one launch), plus one
+        ``sparse_kernels.vertical_slash_attention`` launch per group of exact-vertical heads."""
+        from sparse_kernels import permuted_block_sparse_attention, vertical_slash_attention
 
-        return permuted_block_sparse_attention(
+        counts = self.kv_block_counts
+        if self.exact_vertical:
+            counts = counts.clone()
+            for part in self.exact_vertical:
+                counts[:, list(part.heads)] = 0
+        res = permuted_block_sparse_attention(
             q,
             k,
             v,
             kv_block_indices=self.kv_block_indices,
-            kv_block_counts=self.kv_block_counts,
+            kv_block_counts=counts,
             q_perm=self.q_perm,
             kv_perm=self.kv_perm,
             block_m=self.block,
@@ -135,6 +174,26 @@ class BlockPlan:
             scale=scale,
             impl=impl,
         )
+        G = q.shape[1] // k.shape[1]
+        for part in self.exact_vertical:
+            hs = list(part.heads)
+            kv = [h // G for h in hs]
+            uniq = sorted(set(kv))
+            per = len(hs) // len(uniq)
+            if len(hs) % len(uniq) == 0 and all(kv[i] == uniq[i // per] for i in range(len(hs))):
+                # Same number of heads from each KV head, in order: GQA without copying K/V
+                # (unless only some KV heads are used).
+                sel = uniq if uniq != list(range(k.shape[1])) else slice(None)
+                ks, vs = k[:, sel], v[:, sel]
+            else:
+                ks, vs = k[:, kv], v[:, kv]
+            part_res = vertical_slash_attention(
+                q[:, hs], ks, vs, part.vertical, part.slash, scale=scale, impl=impl,
+                block_m=self.block, block_n=self.block,
+            )  # fmt: skip
+            res.out[:, hs] = part_res.out
+            res.lse[:, hs] = part_res.lse
+        return res
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,12 +210,15 @@ def lists_from_chunks(
     for m0 in range(0, nqb, step):
         m1 = min(nqb, m0 + step)
         bm = chunk_fn(m0, m1)
-        cnt = bm.sum(-1)
+        pos = bm.cumsum(-1, dtype=torch.int32)  # 1-based rank of each listed block in its row
+        cnt = pos[..., -1]
         maxb = int(cnt.max()) if cnt.numel() else 0
-        # Stable sort puts the listed blocks first, in ascending order.
-        order = torch.sort((~bm).to(torch.uint8), dim=-1, stable=True).indices[..., :maxb]
-        idx_chunks.append(order.to(torch.int32))
-        cnt_chunks.append(cnt.to(torch.int32))
+        # Listed blocks go to their rank (ascending order); the others to a dropped column.
+        order = torch.zeros(*bm.shape[:-1], maxb + 1, dtype=torch.int32, device=bm.device)
+        cols = torch.arange(nkb, dtype=torch.int32, device=bm.device).expand_as(bm)
+        order.scatter_(-1, torch.where(bm, pos - 1, maxb).long(), cols)
+        idx_chunks.append(order[..., :maxb])
+        cnt_chunks.append(cnt)
     maxb = max(1, max(c.shape[-1] for c in idx_chunks))
     idx = torch.zeros(N, nqb, maxb, dtype=torch.int32, device=device)
     m0 = 0
@@ -226,27 +288,43 @@ def vertical_slash_block_mask(
     vertical: torch.Tensor, slash: torch.Tensor, S: int, blk: int
 ) -> Callable[[int, int], torch.Tensor]:
     """Chunk function: key columns ``vertical`` and diagonals ``slash`` (int64 ``[N, NV]``,
-    ``[N, NS]``, entries < 0 ignored) rounded up to blocks, causal."""
+    ``[N, NS]``, entries < 0 ignored) rounded up to blocks, causal.
+
+    Built from two per-head block vectors, not per query block: a column ``v`` lists block
+    ``v // blk`` in every query block ``m >= v // blk``; a diagonal ``o`` crosses query block
+    ``m`` in key blocks ``m - floor(o / blk)`` and ``m - ceil(o / blk)`` (those ``>= 0``). Only a
+    partial last query block (``S % blk != 0``) sees fewer keys; its row is built directly.
+    """
     nkb = -(-S // blk)
     N = vertical.shape[0]
+    dev = vertical.device
+    vb = torch.zeros(N, nkb + 1, dtype=torch.bool, device=dev)
+    vb.scatter_(-1, torch.where(vertical >= 0, vertical // blk, nkb).clamp(max=nkb), True)
+    db = torch.zeros(N, nkb + 1, dtype=torch.bool, device=dev)  # block distances m - n
+    ok = slash >= 0
+    db.scatter_(-1, torch.where(ok, slash // blk, nkb).clamp(max=nkb), True)
+    db.scatter_(-1, torch.where(ok, -(-slash // blk), nkb).clamp(max=nkb), True)
+    vb, db = vb[:, :nkb], db[:, :nkb]
+
+    def last_row(m: int) -> torch.Tensor:
+        i_lo, i_hi = m * blk, S - 1
+        out = torch.zeros(N, nkb + 1, dtype=torch.bool, device=dev)
+        okv = (vertical >= 0) & (vertical <= i_hi)
+        out.scatter_(-1, torch.where(okv, vertical // blk, nkb), True)
+        hi = i_hi - slash
+        oks = (slash >= 0) & (hi >= 0)
+        out.scatter_(-1, torch.where(oks, (i_lo - slash).clamp_min(0) // blk, nkb), True)
+        out.scatter_(-1, torch.where(oks, hi.clamp_min(0) // blk, nkb), True)
+        return out[:, :nkb]
 
     def fn(m0: int, m1: int) -> torch.Tensor:
-        dev = vertical.device
-        C = m1 - m0
-        mq = torch.arange(m0, m1, device=dev)
-        i_lo = (mq * blk)[None, :, None]
-        i_hi = (torch.clamp((mq + 1) * blk, max=S) - 1)[None, :, None]
-        out = torch.zeros(N, C, nkb + 1, dtype=torch.bool, device=dev)
-        v = vertical[:, None, :]
-        ok = (v >= 0) & (v <= i_hi)
-        out.scatter_(-1, torch.where(ok, v // blk, nkb).expand(N, C, -1), True)
-        o = slash[:, None, :]
-        hi = i_hi - o
-        lo = (i_lo - o).clamp_min(0)
-        ok = (o >= 0) & (hi >= 0)
-        out.scatter_(-1, torch.where(ok, lo // blk, nkb).expand(N, C, -1), True)
-        out.scatter_(-1, torch.where(ok, hi.clamp_min(0) // blk, nkb).expand(N, C, -1), True)
-        return out[..., :nkb]
+        d = torch.arange(m0, m1, device=dev)[:, None] - torch.arange(nkb, device=dev)[None, :]
+        causal = d >= 0
+        diag = db.gather(-1, d.clamp_min(0).reshape(1, -1).expand(N, -1)).reshape(N, m1 - m0, nkb)
+        out = (vb[:, None, :] | diag) & causal
+        if S % blk and m1 == nkb:
+            out[:, -1] = last_row(nkb - 1)
+        return out
 
     return fn
 

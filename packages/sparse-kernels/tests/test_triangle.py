@@ -33,6 +33,10 @@ GPU_CASES = [
     pytest.param(
         2, 8, 8, 3000, 5000, 64, 4, 300, 77, id="B2-SQ3000-SKV5000-D64", marks=pytest.mark.gpu
     ),
+    # vlm-accel's TriangleMix layers: sink 128 with D=128 (several sink tiles).
+    pytest.param(
+        1, 28, 4, 8192, 8192, 128, 128, 4096, 128, id="S8192-sink128-D128", marks=pytest.mark.gpu
+    ),
 ]
 
 
@@ -152,7 +156,7 @@ def _run_config(q, k, v, cfg, *, sink, window, L, chunk):
 
 @pytest.mark.parametrize("sink,window", [(8, 100), (40, 64), (0, 33), (130, 96)])
 def test_explicit_config_is_exact(sink, window):
-    # One explicit tile config (no autotuning), sink tiles of 16 / 64 / 128 keys, on the
+    # One explicit tile config (no autotuning), one or several sink tiles (16 / 32 keys), on the
     # interpreter config (CPU) or a GPU tile.
     if DEV.type == "cpu":
         cfg = dict(BLOCK_M=64, BLOCK_N=32)

@@ -31,7 +31,7 @@ _CHUNK_ALIGN = 128
 
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
-    key=["D", "IEEE"],
+    key=["D", "IEEE", "SINK_N"],
     prune_configs_by={"early_config_prune": prune_fp32},
 )
 @triton.jit
@@ -254,8 +254,10 @@ def _triangle_merge_kernel(
 
 def sink_tile(sink: int) -> int:
     """Width of the sink tiles: the next power of two of ``sink``, between 16 (the narrowest
-    ``tl.dot``) and 128."""
-    return min(128, max(16, triton.next_power_of_2(max(sink, 1))))
+    ``tl.dot``) and 32. Larger sinks take several tiles: the sink loop's pipelined K/V buffers
+    add to the window loop's in shared memory, and 128-key sink tiles with D=128 fit no tile
+    config on an H100."""
+    return min(32, max(16, triton.next_power_of_2(max(sink, 1))))
 
 
 def default_chunk(S_KV: int) -> int:

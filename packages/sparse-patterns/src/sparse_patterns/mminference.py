@@ -10,6 +10,8 @@ block lists and per-head permutations, so grouping by pattern type costs no extr
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Sequence
 
 import torch
@@ -129,9 +131,19 @@ class _Ctx:
         self._p_mod: dict[int, torch.Tensor] = {}
         self._lines_last: dict[int, tuple] = {}
         self.mod = layout.modality
-        self.uniq = torch.unique(self.mod)
-        self.mperm = torch.sort(self.mod, stable=True).indices  # modality order
-        self.mod_index = torch.searchsorted(self.uniq, self.mod)  # [S] in 0..M-1
+
+    # Modality bookkeeping only the boundary planners need (torch.unique syncs with the GPU).
+    @functools.cached_property
+    def uniq(self) -> torch.Tensor:
+        return torch.unique(self.mod)
+
+    @functools.cached_property
+    def mperm(self) -> torch.Tensor:
+        return torch.sort(self.mod, stable=True).indices  # modality order
+
+    @functools.cached_property
+    def mod_index(self) -> torch.Tensor:
+        return torch.searchsorted(self.uniq, self.mod)  # [S] in 0..M-1
 
     def lines_last(self, L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Column and diagonal mass of the last ``L`` queries, ``[B, H, S]`` each, and the rows

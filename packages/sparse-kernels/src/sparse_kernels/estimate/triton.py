@@ -4,12 +4,12 @@ Pass 1 (``_lse_kernel``): one program per (key chunk, head) streams its keys onc
 partial row max / row sum (base 2) of the ``L`` query rows; torch merges the chunks into the
 log-sum-exp of each row.
 
-Pass 2 (``_lines_kernel``): one program per (block of ``BO`` diagonal offsets, head). Offsets
-``o0 .. o0 + BO`` of rows ``r_0 .. r_0 + L - 1`` touch the keys of one window of ``BO + BLOCK_L``
-keys; the program computes the probabilities of that window once, reads the diagonals out of the
-tile with a gather along the key axis (slash sums, column sums of the skewed tile) and writes the
-column sums of the ``BO`` keys it owns (vertical sums). Windows of consecutive offset blocks own
-consecutive key ranges, so every key and every offset is written by exactly one program.
+Pass 2 (``_lines_kernel``): one program per (run of ``OB_PER`` blocks of ``BO`` diagonal offsets,
+head). Offsets ``o0 .. o0 + BO`` of rows ``r_0 .. r_0 + L - 1`` (``BO = BLOCK_L``) touch two
+consecutive key blocks; walking the offsets upwards (the keys downwards), the program computes the
+probabilities of each key block once, writes its column sums (vertical sums) and reads the
+diagonals out of the current and the previous key block with gathers along the key axis (slash
+sums). Every key and every offset is written by exactly one program.
 """
 
 from __future__ import annotations
@@ -100,13 +100,34 @@ def _lse_kernel(
     tl.store(l_ptr + out, l_i)
 
 
+@triton.jit
+def _prob_tile(
+    q, kb, lse, r, offs_l, offs_u, offs_d, b, L, S, row_start, stride_k_s, qk_scale,
+    D: tl.constexpr, BO: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Probabilities ``[BLOCK_L, BO]`` of the rows against key block ``b`` (keys
+    ``row_start + 1 - (b + 1) * BO + u``; block -1 holds the keys right after ``row_start``)."""
+    j = row_start + 1 - (b + 1) * BO + offs_u
+    kt = tl.load(
+        kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
+        mask=(j[None, :] >= 0) & (j[None, :] < S) & (offs_d[:, None] < D),
+        other=0.0,
+    )
+    if IEEE:
+        s = tl.dot(q, kt, input_precision="ieee")
+    else:
+        s = tl.dot(q, kt)
+    ok = (j[None, :] >= 0) & (j[None, :] <= r[:, None]) & (offs_l[:, None] < L)
+    return tl.where(ok, tl.exp2(s * qk_scale - lse[:, None]), 0.0), j
+
+
 @triton.autotune(
     configs=configs(
         [
-            dict(OB_PER=1, num_warps=4, num_stages=1),
-            dict(OB_PER=4, num_warps=4, num_stages=2),
-            dict(OB_PER=16, num_warps=4, num_stages=2),
-            dict(OB_PER=16, num_warps=8, num_stages=2),
+            dict(OB_PER=4, num_warps=4, num_stages=1),
+            dict(OB_PER=16, num_warps=4, num_stages=1),
+            dict(OB_PER=16, num_warps=8, num_stages=1),
+            dict(OB_PER=64, num_warps=4, num_stages=1),
         ],
         dict(OB_PER=2),
     ),
@@ -140,14 +161,16 @@ def _lines_kernel(
     IEEE: tl.constexpr,
     OB_PER: tl.constexpr,
 ):
-    W: tl.constexpr = BO + BLOCK_L
+    # Offset block ob (offsets ob * BO + u) reads key blocks ob (lower half of its window) and
+    # ob - 1 (upper half): row l at offset ob * BO + u reads window key t = BO - 1 + l - u.
+    # Walking ob upwards, each key block's probabilities are computed once and kept for the next
+    # offset block; each program also owns the vertical sums of its key blocks.
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     offs_l = tl.arange(0, BLOCK_L)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_t = tl.arange(0, W)
     offs_u = tl.arange(0, BO)
     q = tl.load(
         q_ptr
@@ -163,40 +186,40 @@ def _lines_kernel(
     kb = k_ptr + b.to(tl.int64) * stride_k_b + (h // GROUP).to(tl.int64) * stride_k_h
     out_v = vert_ptr + bh.to(tl.int64) * S
     out_s = slash_ptr + bh.to(tl.int64) * S
-    # Row l at offset o0 + u reads the diagonal element t = BO - 1 + l - u of the window.
-    idx = BO - 1 + offs_l[:, None] - offs_u[None, :]
+    t = BO - 1 + offs_l[:, None] - offs_u[None, :]
+    t_lo = tl.minimum(t, BO - 1)
+    t_hi = tl.maximum(t - BO, 0)
+    ob0 = pid * OB_PER
+    p_prev, j = _prob_tile(
+        q, kb, lse, r, offs_l, offs_u, offs_d, ob0 - 1, L, S, row_start, stride_k_s, qk_scale,
+        D, BO, IEEE,
+    )  # fmt: skip
+    tl.store(out_v + j, tl.sum(p_prev, 0), mask=(j >= 0) & (j < S) & ((offs_u * 0 + ob0) == 0))
     for i in range(OB_PER):
-        ob = pid * OB_PER + i
-        if ob < n_ob:
-            o0 = ob * BO
-            # Window key t is j = jw0 + t.
-            jw0 = row_start - o0 - BO + 1
-            j = jw0 + offs_t
-            kt = tl.load(
-                kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
-                mask=(j[None, :] >= 0) & (j[None, :] < S) & (offs_d[:, None] < D),
-                other=0.0,
-            )
-            if IEEE:
-                s = tl.dot(q, kt, input_precision="ieee")
-            else:
-                s = tl.dot(q, kt)
-            ok = (j[None, :] >= 0) & (j[None, :] <= r[:, None]) & (offs_l[:, None] < L)
-            p = tl.where(ok, tl.exp2(s * qk_scale - lse[:, None]), 0.0)
-            # Vertical: this block owns keys t in [L - 1, L - 1 + BO) of its window.
-            own = (offs_t >= L - 1) & (offs_t < L - 1 + BO) & (j >= 0) & (j < S)
-            tl.store(out_v + j, tl.sum(p, 0), mask=own)
-            # Slash: the diagonals of the tile, one column per offset.
-            o = o0 + offs_u
-            tl.store(out_s + o, tl.sum(tl.gather(p, idx, 1), 0), mask=o < S)
+        ob = ob0 + i
+        p_cur, j = _prob_tile(
+            q, kb, lse, r, offs_l, offs_u, offs_d, ob, L, S, row_start, stride_k_s, qk_scale,
+            D, BO, IEEE,
+        )  # fmt: skip
+        tl.store(out_v + j, tl.sum(p_cur, 0), mask=(j >= 0) & (j < S) & ((offs_u * 0 + ob) < n_ob))
+        diag = tl.where(t < BO, tl.gather(p_cur, t_lo, 1), tl.gather(p_prev, t_hi, 1))
+        o = ob * BO + offs_u
+        tl.store(out_s + o, tl.sum(diag, 0), mask=(o < S) & ((offs_u * 0 + ob) < n_ob))
+        p_prev = p_cur
 
 
 _BLOCK_N = 64
 
 
 def line_scores_triton(
-    q_rows: torch.Tensor, k: torch.Tensor, row_start: int, *, scale: float
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    row_start: int,
+    *,
+    scale: float,
+    config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``config``: run pass 2 with this autotune config instead of tuning (tests)."""
     B, H, L, D = q_rows.shape
     H_KV, S = k.shape[1], k.shape[2]
     q_rows = q_rows if q_rows.stride(-1) == 1 else q_rows.contiguous()
@@ -225,15 +248,23 @@ def line_scores_triton(
     lse = (mx + torch.log2((lsum * torch.exp2(m - mx[:, None])).sum(dim=1))).contiguous()
     vert = torch.zeros(B * H, S, dtype=torch.float32, device=dev)
     slash = torch.zeros(B * H, S, dtype=torch.float32, device=dev)
-    # BO = BLOCK_L keeps the window (BO + BLOCK_L keys) a power of two.
+    # Offset blocks as wide as the row block: the window of one offset block is two key blocks.
     BO = BLOCK_L
     n_ob = triton.cdiv(row_start + L, BO)
-    grid = lambda meta: (triton.cdiv(n_ob, meta["OB_PER"]), B * H)  # noqa: E731
-    _lines_kernel[grid](
+    args = (
         q_rows, k, lse, vert, slash,
         q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         H, H // H_KV, L, S, row_start, n_ob, qk_scale,
-        D=D, BLOCK_D=BD, BLOCK_L=BLOCK_L, BO=BO, IEEE=ieee,
     )  # fmt: skip
+    meta = dict(D=D, BLOCK_D=BD, BLOCK_L=BLOCK_L, BO=BO, IEEE=ieee)
+    if config is None:
+        grid = lambda m: (triton.cdiv(n_ob, m["OB_PER"]), B * H)  # noqa: E731
+        _lines_kernel[grid](*args, **meta)
+    else:
+        grid = (triton.cdiv(n_ob, config.kwargs["OB_PER"]), B * H)
+        _lines_kernel.fn[grid](
+            *args, **meta, **config.kwargs, num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )  # fmt: skip
     return vert.reshape(B, H, S), slash.reshape(B, H, S)

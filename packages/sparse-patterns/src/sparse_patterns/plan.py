@@ -474,9 +474,10 @@ def grid_lists(
     cand = torch.cat([cand_v, cand_s, cand_d], -1).clamp(max=nkb - 1)
     ok = torch.cat([ok_v, ok_s, ok_d], -1)
     ok &= kmin.gather(1, cand.reshape(N, -1)).reshape(cand.shape) <= qmax[..., None]
-    cnt = ok.sum(-1)
+    pos = ok.cumsum(-1, dtype=torch.int32)  # 1-based rank of each kept candidate
+    cnt = pos[..., -1]
     maxb = max(1, int(cnt.max()))
-    order = torch.sort((~ok).to(torch.uint8), dim=-1, stable=True).indices[..., :maxb]
-    idx = cand.gather(-1, order)
-    idx = torch.where(torch.arange(maxb, device=dev) < cnt[..., None], idx, 0)
-    return idx.to(torch.int32), cnt.to(torch.int32)
+    # Kept candidates go to their rank, in candidate order (as a stable sort would put them).
+    idx = torch.zeros(N, nkb, maxb + 1, dtype=torch.int32, device=dev)
+    idx.scatter_(-1, torch.where(ok, pos - 1, maxb).long(), cand.to(torch.int32))
+    return idx[..., :maxb].contiguous(), cnt

@@ -126,8 +126,9 @@ def _prob_tile(
         [
             dict(OB_PER=4, num_warps=4, num_stages=1),
             dict(OB_PER=16, num_warps=4, num_stages=1),
-            dict(OB_PER=16, num_warps=8, num_stages=1),
-            dict(OB_PER=64, num_warps=4, num_stages=1),
+            dict(OB_PER=16, num_warps=4, num_stages=3),
+            dict(OB_PER=16, num_warps=8, num_stages=3),
+            dict(OB_PER=64, num_warps=4, num_stages=3),
         ],
         dict(OB_PER=2),
     ),

@@ -148,3 +148,30 @@ def test_last_line_scores_triton_matches_torch_steps(L):
     assert torch.equal(got[2], ref[2])
     for a, b in zip(got[:2], ref[:2]):
         assert torch.allclose(a, b, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "S, strides",
+    [(1000, [2, 4, 8, 16, 32]), (4097, [2, 4, 8, 16, 32, 64, 128, 256]), (777, [3, 7, 21])],
+)
+def test_search_grid_folded_views_match_direct_views(S, strides):
+    """Stride spaces with a small common period use one pass per vector and fold it per stride;
+    the scores must be those of the direct per-stride views (the second path, kept for spaces
+    without a small common period)."""
+    g = torch.Generator().manual_seed(S)
+    col = torch.rand(3, S, generator=g) ** 4
+    sl = torch.rand(3, S, generator=g) ** 4
+    col[:, 5::21] += 1.0
+    sl[1, 3::16] += 0.5
+    st, ph, sc = E.search_grid_lines(col, sl, strides)
+    both = torch.stack([col, sl])
+    for n in range(3):
+        s = int(st[n])
+        r, arg = E._line_ratio(both[:, n : n + 1], s)
+        assert torch.allclose(sc[n], r.amax(0)[0], rtol=1e-5)
+        assert int(ph[n]) == int(arg[0, 0])
+    # and the chosen stride is the one the direct scores choose
+    direct = torch.stack([E._line_ratio(both, s)[0].amax(0) for s in strides], -1)
+    best = direct.amax(-1, keepdim=True)
+    first = (direct >= best * 0.85).to(torch.int8).argmax(-1)
+    assert torch.equal(st, torch.tensor(strides)[first])

@@ -11,6 +11,7 @@ All functions work on every head at once (leading dims ``[B, H]``); no per-head 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -125,7 +126,11 @@ def _line_ratio(x: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
     """View ``x [N, S]`` as ``[N, n, s]`` (skipping the first period: sink / self-attention mass
     sits there for every stride) and return (best class mean / mean, argmax class)."""
     n = (x.shape[-1] - s) // s
-    v = x[..., s : s + n * s].reshape(*x.shape[:-1], n, s).mean(dim=-2)
+    return _class_ratio(x[..., s : s + n * s].reshape(*x.shape[:-1], n, s).mean(dim=-2))
+
+
+def _class_ratio(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class means ``v [..., s]`` -> (best class mean / mean, argmax class)."""
     mean = v.mean(dim=-1).clamp_min(1e-30)
     best, arg = v.max(dim=-1)
     return best / mean, arg
@@ -171,12 +176,33 @@ def search_grid_lines(
             f"search_grid: expected a stride space with at least one stride <= S/2, got none "
             f"for S={col.shape[-1]}"
         )
-    both = torch.stack([col, sl])  # one view per stride for the two kinds of line
+    S = col.shape[-1]
+    P = math.lcm(*strides)
     scores, phases = [], []
-    for s in strides:
-        r, arg = _line_ratio(both, s)
-        scores.append(r.amax(0))
-        phases.append(arg[0])
+    if P <= min(S // 2, 4096):
+        # Every stride divides P: one pass over each vector gives its class sums mod P, and each
+        # stride's view [s, s * floor(S / s)) is those sums folded to mod s, minus the first
+        # period, plus the tail past the last whole P-period (slices shorter than P).
+        SP = S // P * P
+        acc = [x[..., :SP].reshape(*x.shape[:-1], -1, P).sum(-2) for x in (col, sl)]
+        for s in strides:
+            end, n = S // s * s, S // s - 1
+            r_, a_ = [], []
+            for x, a in zip((col, sl), acc):
+                v = a.reshape(*a.shape[:-1], P // s, s).sum(-2) - x[..., :s]
+                if end > SP:
+                    v = v + x[..., SP:end].reshape(*x.shape[:-1], -1, s).sum(-2)
+                r, arg = _class_ratio(v / n)
+                r_.append(r)
+                a_.append(arg)
+            scores.append(torch.maximum(r_[0], r_[1]))
+            phases.append(a_[0])
+    else:
+        both = torch.stack([col, sl])  # one view per stride for the two kinds of line
+        for s in strides:
+            r, arg = _line_ratio(both, s)
+            scores.append(r.amax(0))
+            phases.append(arg[0])
     sc = torch.stack(scores, -1)
     ph = torch.stack(phases, -1)
     best = sc.amax(-1, keepdim=True)

@@ -129,6 +129,37 @@ def _line_ratio(x: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
     return _class_ratio(x[..., s : s + n * s].reshape(*x.shape[:-1], n, s).mean(dim=-2))
 
 
+@functools.lru_cache(maxsize=64)
+def _fold_mats(strides: tuple[int, ...], S: int, device: torch.device):
+    """Constant matrices of the folded stride search (see :func:`search_grid_lines`), for
+    strides dividing ``P = lcm(strides)``; columns are the (stride, class) pairs, stride-major.
+    ``fold [P, C]``: residue mod P -> class; ``tail [P, C]``: the same, for the positions
+    ``S // P * P + p`` inside stride ``s``'s view ``[s, S // s * s)``; ``first_idx [C]``: the
+    position of class ``c`` in the first period (removed); ``n [C]``: periods per view;
+    ``valid [k, P]``: column of (stride i, class c), -1 past the stride; ``svec [k]``: the
+    strides (int64)."""
+    P = math.lcm(*strides)
+    SP = S // P * P
+    C = sum(strides)
+    fold = torch.zeros(P, C)
+    tail = torch.zeros(P, C)
+    first_idx = torch.zeros(C, dtype=torch.long)
+    n = torch.zeros(C)
+    valid = torch.full((len(strides), P), -1, dtype=torch.long)
+    o = 0
+    r = torch.arange(P)
+    for i, s in enumerate(strides):
+        fold[r, o + r % s] = 1.0
+        inside = (SP + r) < S // s * s
+        tail[r[inside], o + r[inside] % s] = 1.0
+        first_idx[o : o + s] = torch.arange(s)
+        n[o : o + s] = S // s - 1
+        valid[i, :s] = torch.arange(o, o + s)
+        o += s
+    svec = torch.tensor(strides)
+    return tuple(t.to(device) for t in (fold, tail, first_idx, n, valid, svec))
+
+
 def _class_ratio(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Class means ``v [..., s]`` -> (best class mean / mean, argmax class)."""
     mean = v.mean(dim=-1).clamp_min(1e-30)
@@ -179,35 +210,36 @@ def search_grid_lines(
     S = col.shape[-1]
     P = math.lcm(*strides)
     scores, phases = [], []
+    svec = None
     if P <= min(S // 2, 4096):
-        # Every stride divides P: one pass over each vector gives its class sums mod P, and each
-        # stride's view [s, s * floor(S / s)) is those sums folded to mod s, minus the first
-        # period, plus the tail past the last whole P-period (slices shorter than P).
+        # Every stride divides P. A few launches for all strides at once: the class sums mod P
+        # (one pass over each vector), folded per stride by one matmul, minus the first period,
+        # plus the tail past the last whole P-period (another matmul); then the per-stride
+        # ratios on a padded [strides, P] view.
+        fold, tail, first_idx, n, valid, svec = _fold_mats(tuple(strides), S, col.device)
+        x = torch.stack([col, sl]).float()  # [2, N, S]
         SP = S // P * P
-        acc = [x[..., :SP].reshape(*x.shape[:-1], -1, P).sum(-2) for x in (col, sl)]
-        for s in strides:
-            end, n = S // s * s, S // s - 1
-            r_, a_ = [], []
-            for x, a in zip((col, sl), acc):
-                v = a.reshape(*a.shape[:-1], P // s, s).sum(-2) - x[..., :s]
-                if end > SP:
-                    v = v + x[..., SP:end].reshape(*x.shape[:-1], -1, s).sum(-2)
-                r, arg = _class_ratio(v / n)
-                r_.append(r)
-                a_.append(arg)
-            scores.append(torch.maximum(r_[0], r_[1]))
-            phases.append(a_[0])
+        acc = x[..., :SP].reshape(*x.shape[:-1], -1, P).sum(-2)  # [2, N, P]
+        x_tail = torch.nn.functional.pad(x[..., SP:], (0, P - (S - SP)))
+        v = (acc @ fold + x_tail @ tail - x[..., first_idx]) / n  # [2, N, sum(s)]
+        vp = v[..., valid.clamp_min(0)].masked_fill(valid < 0, float("-inf"))  # [2, N, k, P]
+        best, arg = vp.max(-1)
+        mean = vp.masked_fill(valid < 0, 0.0).sum(-1) / svec
+        sc = (best / mean.clamp_min(1e-30)).amax(0)  # [N, k]
+        ph = arg[0]
     else:
         both = torch.stack([col, sl])  # one view per stride for the two kinds of line
         for s in strides:
             r, arg = _line_ratio(both, s)
             scores.append(r.amax(0))
             phases.append(arg[0])
-    sc = torch.stack(scores, -1)
-    ph = torch.stack(phases, -1)
+        sc = torch.stack(scores, -1)
+        ph = torch.stack(phases, -1)
     best = sc.amax(-1, keepdim=True)
     first = (sc >= best * (1.0 - rel_tol)).to(torch.int8).argmax(-1, keepdim=True)
-    st = torch.tensor(strides, device=col.device)[first.squeeze(-1)]
+    if svec is None:
+        svec = torch.tensor(strides, device=col.device)
+    st = svec[first.squeeze(-1)]
     return st, ph.gather(-1, first).squeeze(-1), sc.gather(-1, first).squeeze(-1)
 
 

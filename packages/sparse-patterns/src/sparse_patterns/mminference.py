@@ -261,8 +261,9 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
         spaces.setdefault(sp, []).extend(range(i, N, Hg))
     for sp, ns in spaces.items():
         ns = sorted(ns)
-        sel = torch.tensor(ns, device=dev)
-        cs, ss = (col, sl) if len(ns) == N else (col[sel], sl[sel])
+        whole = len(ns) == N  # one stride space for every head: no index tensors
+        sel = slice(None) if whole else torch.tensor(ns, device=dev)
+        cs, ss = (col, sl) if whole else (col[sel], sl[sel])
         if len(sp) == 1:
             s = sp[0]
             n_per = max(1, (ctx.S - s) // s)
@@ -274,7 +275,10 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
             st, ph = torch.full((len(ns),), s, device=dev), v.argmax(-1)
         else:
             st, ph, _ = E.search_grid_lines(cs, ss, list(sp))
-        stride[sel], phase[sel] = st, ph
+        if whole:
+            stride, phase = st.to(torch.int64), ph.to(torch.int64)
+        else:
+            stride[sel], phase[sel] = st, ph
     perm, _ = grid_permutation(ctx.S, stride, phase, device=dev)
     offs = grid_line_offsets(ctx.S, stride, phase, device=dev)
     flags = torch.tensor(

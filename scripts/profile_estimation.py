@@ -13,7 +13,6 @@ import pathlib
 
 import torch
 from sparse_kernels.benchmarking import cuda_time_ms
-
 from sparse_patterns import Grid, HeadConfig, VerticalSlash, plan_layer
 from sparse_patterns import estimate as E
 
@@ -52,7 +51,11 @@ def main() -> None:
             fn()
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows))
-        print(prof.key_averages(group_by_stack_n=0).table(sort_by="self_cpu_time_total", row_limit=a.rows))
+        print(
+            prof.key_averages(group_by_stack_n=0).table(
+                sort_by="self_cpu_time_total", row_limit=a.rows
+            )
+        )
     rows = torch.arange(S - 64, S, device=q.device)
     p = E.approx_scores(q, k, rows, scale=bg.D**-0.5)
     steps = {

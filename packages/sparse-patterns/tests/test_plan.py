@@ -512,7 +512,9 @@ def test_exact_vertical_heads_run_the_minference_set(impl):
 def test_exact_vertical_heads_need_block_64_or_128():
     q, k = torch.randn(1, 2, 100, 16), torch.randn(1, 1, 100, 16)
     with pytest.raises(ValueError, match="block 64 or 128"):
-        plan_layer(q, k, VerticalSlash(n_vertical=4, n_slash=4, exact_verticals=True), None, block=32)
+        plan_layer(
+            q, k, VerticalSlash(n_vertical=4, n_slash=4, exact_verticals=True), None, block=32
+        )
 
 
 def test_exact_vertical_heads_reject_q_boundary():

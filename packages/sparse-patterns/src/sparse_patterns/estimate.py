@@ -211,7 +211,7 @@ def search_grid_lines(
     P = math.lcm(*strides)
     scores, phases = [], []
     svec = None
-    if P <= min(S // 2, 4096):
+    if min(S // 2, 4096) >= P:
         # Every stride divides P. A few launches for all strides at once: the class sums mod P
         # (one pass over each vector), folded per stride by one matmul, minus the first period,
         # plus the tail past the last whole P-period (another matmul); then the per-stride

@@ -11,7 +11,6 @@ block lists and per-head permutations, so grouping by pattern type costs no extr
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Sequence
 
 import torch
@@ -688,7 +687,9 @@ def estimate_vertical_slash(
     B, H, S, D = q.shape
     scale = check_scale(scale, D)
     col, slash, _ = E.last_line_scores(q, k, pattern.last_q, scale=scale)
-    vert, sl = _vs_topk(col.reshape(B * H, S), slash.reshape(B * H, S), [HeadConfig(pattern)], B * H)
+    vert, sl = _vs_topk(
+        col.reshape(B * H, S), slash.reshape(B * H, S), [HeadConfig(pattern)], B * H
+    )
     vert = torch.sort(vert, -1).values.reshape(B, H, -1)
     sl = torch.sort(sl, -1).values.reshape(B, H, -1)
     return vert.to(torch.int32), sl.to(torch.int32)

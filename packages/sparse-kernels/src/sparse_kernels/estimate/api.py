@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_scale, check_tensor, check_triton_head_dim, resolve_impl
-from .._validate import SUPPORTED_DTYPES
+from .._validate import (
+    SUPPORTED_DTYPES,
+    check_scale,
+    check_tensor,
+    check_triton_head_dim,
+    resolve_impl,
+)
 from .reference import line_scores_reference
 
 

@@ -102,8 +102,22 @@ def _lse_kernel(
 
 @triton.jit
 def _prob_tile(
-    q, kb, lse, r, offs_l, offs_u, offs_d, b, L, S, row_start, stride_k_s, qk_scale,
-    D: tl.constexpr, BO: tl.constexpr, IEEE: tl.constexpr,
+    q,
+    kb,
+    lse,
+    r,
+    offs_l,
+    offs_u,
+    offs_d,
+    b,
+    L,
+    S,
+    row_start,
+    stride_k_s,
+    qk_scale,
+    D: tl.constexpr,
+    BO: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     """Probabilities ``[BLOCK_L, BO]`` of the rows against key block ``b`` (keys
     ``row_start + 1 - (b + 1) * BO + u``; block -1 holds the keys right after ``row_start``)."""

@@ -31,6 +31,38 @@ def _prune_lines(configs_, named_args, **kwargs):
 
 
 @triton.jit
+def _rows_and_keys(
+    q_ptr,
+    k_ptr,
+    b,
+    h,
+    GROUP,
+    L,
+    stride_q_b,
+    stride_q_h,
+    stride_q_s,
+    stride_k_b,
+    stride_k_h,
+    offs_l,
+    offs_d,
+    D: tl.constexpr,
+):
+    """The ``[BLOCK_L, BLOCK_D]`` query rows of head ``h`` and the base pointer of its KV head
+    (64-bit offsets: a 1M-token layer's head offsets pass 2**31 elements)."""
+    q = tl.load(
+        q_ptr
+        + b.to(tl.int64) * stride_q_b
+        + h.to(tl.int64) * stride_q_h
+        + offs_l[:, None] * stride_q_s
+        + offs_d[None, :],
+        mask=(offs_l[:, None] < L) & (offs_d[None, :] < D),
+        other=0.0,
+    )
+    kb = k_ptr + b.to(tl.int64) * stride_k_b + (h // GROUP).to(tl.int64) * stride_k_h
+    return q, kb
+
+
+@triton.jit
 def _lse_kernel(
     q_ptr,
     k_ptr,
@@ -63,16 +95,10 @@ def _lse_kernel(
     offs_l = tl.arange(0, BLOCK_L)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    q = tl.load(
-        q_ptr
-        + b.to(tl.int64) * stride_q_b
-        + h.to(tl.int64) * stride_q_h
-        + offs_l[:, None] * stride_q_s
-        + offs_d[None, :],
-        mask=(offs_l[:, None] < L) & (offs_d[None, :] < D),
-        other=0.0,
-    )
-    kb = k_ptr + b.to(tl.int64) * stride_k_b + (h // GROUP).to(tl.int64) * stride_k_h
+    q, kb = _rows_and_keys(
+        q_ptr, k_ptr, b, h, GROUP, L, stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h,
+        offs_l, offs_d, D,
+    )  # fmt: skip
     r = row_start + offs_l
     m_i = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
@@ -187,18 +213,12 @@ def _lines_kernel(
     offs_l = tl.arange(0, BLOCK_L)
     offs_d = tl.arange(0, BLOCK_D)
     offs_u = tl.arange(0, BO)
-    q = tl.load(
-        q_ptr
-        + b.to(tl.int64) * stride_q_b
-        + h.to(tl.int64) * stride_q_h
-        + offs_l[:, None] * stride_q_s
-        + offs_d[None, :],
-        mask=(offs_l[:, None] < L) & (offs_d[None, :] < D),
-        other=0.0,
-    )
+    q, kb = _rows_and_keys(
+        q_ptr, k_ptr, b, h, GROUP, L, stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h,
+        offs_l, offs_d, D,
+    )  # fmt: skip
     lse = tl.load(lse_ptr + bh * BLOCK_L + offs_l)
     r = row_start + offs_l
-    kb = k_ptr + b.to(tl.int64) * stride_k_b + (h // GROUP).to(tl.int64) * stride_k_h
     out_v = vert_ptr + bh.to(tl.int64) * S
     out_s = slash_ptr + bh.to(tl.int64) * S
     t = BO - 1 + offs_l[:, None] - offs_u[None, :]

@@ -341,6 +341,8 @@ def test_grid_permutation_matches_python_definition():
         counts = [sum(1 for i in range(S) if (i - ph) % s_ == c) for c in range(60)]
         want_offs = torch.tensor([0] + counts).cumsum(0)
         assert torch.equal(offs[h], want_offs)
+    # The caller's offsets give the same permutation.
+    assert torch.equal(grid_permutation(S, stride, phase, offsets=offs).perm, p.perm)
 
 
 @pytest.mark.parametrize("max_blocks", [None, 9], ids=["tight", "padded"])

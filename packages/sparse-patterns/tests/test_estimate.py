@@ -145,8 +145,7 @@ def test_last_line_scores_triton_matches_torch_steps(L):
             E.last_line_scores(q, k, L, scale=0.2, impl="triton")
         return
     got = E.last_line_scores(q, k, L, scale=0.2, impl="triton")
-    assert torch.equal(got[2], ref[2])
-    for a, b in zip(got[:2], ref[:2]):
+    for a, b in zip(got, ref):
         assert torch.allclose(a, b, atol=2e-5, rtol=1e-5)
 
 

@@ -69,10 +69,10 @@ def slash_scores(p: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 def last_line_scores(
     q: torch.Tensor, k: torch.Tensor, L: int, *, scale: float, impl: str = "auto"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Column and diagonal mass of the last ``L`` queries (``min(L, S)`` rows), every head.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column and diagonal mass of the last ``L`` queries (``L' = min(L, S)`` rows), every head.
 
-    Returns ``(vertical [B, H, S], slash [B, H, S], rows [L'])`` as
+    Returns ``(vertical [B, H, S], slash [B, H, S])`` as
     :func:`vertical_scores` / :func:`slash_scores` of :func:`approx_scores` would. ``impl``:
     ``"triton"`` streams the keys through ``sparse_kernels.line_scores`` (no ``[L, S]``
     matrix; needs ``L' <= 128``), ``"reference"`` composes the torch steps above, ``"auto"``
@@ -82,16 +82,15 @@ def last_line_scores(
     from sparse_kernels._validate import resolve_impl
 
     S = q.shape[2]
-    rows = torch.arange(max(0, S - L), S, device=q.device)
-    n = rows.numel()
+    n = min(L, S)
     which = resolve_impl(impl, q.device, "last_line_scores")
     if impl == "auto" and n > 128:
         which = "reference"
     if which == "triton":
-        vert, sl = line_scores(q[:, :, S - n :], k, S - n, scale=scale, impl="triton")
-        return vert, sl, rows
+        return line_scores(q[:, :, S - n :], k, S - n, scale=scale, impl="triton")
+    rows = torch.arange(S - n, S, device=q.device)
     p = approx_scores(q, k, rows, scale=scale)
-    return vertical_scores(p), slash_scores(p, rows), rows
+    return vertical_scores(p), slash_scores(p, rows)
 
 
 def topk_indices(scores: torch.Tensor, k: int, *, forced: int = 0) -> torch.Tensor:

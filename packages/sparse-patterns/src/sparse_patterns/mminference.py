@@ -144,9 +144,9 @@ class _Ctx:
     def mod_index(self) -> torch.Tensor:
         return torch.searchsorted(self.uniq, self.mod)  # [S] in 0..M-1
 
-    def lines_last(self, L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Column and diagonal mass of the last ``L`` queries, ``[B, H, S]`` each, and the rows
-        (the Triton line-score kernel on CUDA: no ``[H, L, S]`` matrix)."""
+    def lines_last(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Column and diagonal mass of the last ``L`` queries, ``[B, H, S]`` each (the Triton
+        line-score kernel on CUDA: no ``[H, L, S]`` matrix)."""
         if L not in self._lines_last:
             self._lines_last[L] = E.last_line_scores(self.q, self.k, L, scale=self.scale)
         return self._lines_last[L]
@@ -196,7 +196,7 @@ def _vs_topk(col: torch.Tensor, slash: torch.Tensor, cfgs, B: int):
 
 def _plan_vs(ctx: _Ctx, hs, cfgs, exact: bool = False) -> tuple:
     L = max(c.pattern.last_q for c in cfgs)
-    col, slash, _ = ctx.lines_last(L)
+    col, slash = ctx.lines_last(L)
     vert, sl = _vs_topk(ctx.sel(col, hs), ctx.sel(slash, hs), cfgs, ctx.B)
     N, nb = vert.shape[0], -(-ctx.S // ctx.block)
     if not exact:
@@ -240,7 +240,7 @@ def _plan_vs(ctx: _Ctx, hs, cfgs, exact: bool = False) -> tuple:
 def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     dev = ctx.q.device
     L = max(c.pattern.last_q for c in cfgs)
-    col_all, sl_all, _ = ctx.lines_last(L)
+    col_all, sl_all = ctx.lines_last(L)
     col, sl = ctx.sel(col_all, hs), ctx.sel(sl_all, hs)  # [N, S]
     N = col.shape[0]
     stride = torch.zeros(N, dtype=torch.int64, device=dev)
@@ -278,8 +278,8 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
             stride, phase = st.to(torch.int64), ph.to(torch.int64)
         else:
             stride[sel], phase[sel] = st, ph
-    perm, _ = grid_permutation(ctx.S, stride, phase, device=dev)
     offs = grid_line_offsets(ctx.S, stride, phase, device=dev)
+    perm, _ = grid_permutation(ctx.S, stride, phase, device=dev, offsets=offs)
     flags = torch.tensor(
         [[getattr(c.pattern, f) for c in cfgs] for f in ("use_hline", "use_vline", "use_slash")],
         device=dev,
@@ -686,7 +686,7 @@ def estimate_vertical_slash(
         raise TypeError(f"pattern: expected a VerticalSlash, got {type(pattern).__name__}")
     B, H, S, D = q.shape
     scale = check_scale(scale, D)
-    col, slash, _ = E.last_line_scores(q, k, pattern.last_q, scale=scale)
+    col, slash = E.last_line_scores(q, k, pattern.last_q, scale=scale)
     vert, sl = _vs_topk(
         col.reshape(B * H, S), slash.reshape(B * H, S), [HeadConfig(pattern)], B * H
     )

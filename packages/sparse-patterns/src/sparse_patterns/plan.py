@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from sparse_kernels.permuted.perms import block_lists_from_mask, compact_by_mask
 
 # Element budget of one chunk of a block-mask or element-mask builder (bools).
 _CHUNK_ELEMS = 1 << 27
@@ -209,15 +210,8 @@ def lists_from_chunks(
     idx_chunks, cnt_chunks = [], []
     for m0 in range(0, nqb, step):
         m1 = min(nqb, m0 + step)
-        bm = chunk_fn(m0, m1)
-        pos = bm.cumsum(-1, dtype=torch.int32)  # 1-based rank of each listed block in its row
-        cnt = pos[..., -1]
-        maxb = int(cnt.max()) if cnt.numel() else 0
-        # Listed blocks go to their rank (ascending order); the others to a dropped column.
-        order = torch.zeros(*bm.shape[:-1], maxb + 1, dtype=torch.int32, device=bm.device)
-        cols = torch.arange(nkb, dtype=torch.int32, device=bm.device).expand_as(bm)
-        order.scatter_(-1, torch.where(bm, pos - 1, maxb).long(), cols)
-        idx_chunks.append(order[..., :maxb])
+        order, cnt = block_lists_from_mask(chunk_fn(m0, m1))
+        idx_chunks.append(order)
         cnt_chunks.append(cnt)
     maxb = max(1, max(c.shape[-1] for c in idx_chunks))
     idx = torch.zeros(N, nqb, maxb, dtype=torch.int32, device=device)
@@ -474,10 +468,5 @@ def grid_lists(
     cand = torch.cat([cand_v, cand_s, cand_d], -1).clamp(max=nkb - 1)
     ok = torch.cat([ok_v, ok_s, ok_d], -1)
     ok &= kmin.gather(1, cand.reshape(N, -1)).reshape(cand.shape) <= qmax[..., None]
-    pos = ok.cumsum(-1, dtype=torch.int32)  # 1-based rank of each kept candidate
-    cnt = pos[..., -1]
-    maxb = max(1, int(cnt.max()))
-    # Kept candidates go to their rank, in candidate order (as a stable sort would put them).
-    idx = torch.zeros(N, nkb, maxb + 1, dtype=torch.int32, device=dev)
-    idx.scatter_(-1, torch.where(ok, pos - 1, maxb).long(), cand.to(torch.int32))
-    return idx[..., :maxb].contiguous(), cnt
+    idx, cnt = compact_by_mask(ok, cand)  # kept candidates, in candidate order
+    return idx.contiguous(), cnt

@@ -45,6 +45,7 @@ def grid_permutation(
     phase: int | torch.Tensor = 0,
     *,
     device: torch.device | str | None = None,
+    offsets: torch.Tensor | None = None,
 ) -> Permutation:
     """The Grid permutation of MMInference, for every head at once (no per-head Python loop).
 
@@ -62,6 +63,8 @@ def grid_permutation(
         phase: grid phase (offset of line 0), an int or an int tensor ``[H]``; any integer, taken
             modulo the stride.
         device: where the result lives (default: the device of a tensor argument, else CPU).
+        offsets: :func:`grid_line_offsets` of the same arguments, when the caller has it
+            (computed here otherwise).
 
     Returns:
         ``Permutation(perm, inverse)``, int32, shape ``[H, S]`` (``H = 1`` for int arguments,
@@ -86,7 +89,11 @@ def grid_permutation(
     if bool((st < 1).any()):
         raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
     H = max(st.numel(), ph.numel())
-    offs = grid_line_offsets(S, st.expand(H), ph.expand(H), device=device)
+    offs = (
+        grid_line_offsets(S, st.expand(H), ph.expand(H), device=device)
+        if offsets is None
+        else offsets.to(device=device, dtype=torch.int64)
+    )
     st = st.expand(H)[:, None]
     ph = ph.expand(H)[:, None]
     i = torch.arange(S, device=device, dtype=torch.int64)[None, :]
@@ -143,7 +150,7 @@ def block_lists_from_mask(
 
     Returns:
         int32 ``indices [..., NQB, MAXB]`` (listed blocks first, in increasing order; the padding
-        past each count repeats valid block numbers and is never read) and int32
+        past each count is block 0, a valid number that is never read) and int32
         ``counts [..., NQB]``.
     """
     if not isinstance(block_mask, torch.Tensor) or block_mask.dtype != torch.bool:
@@ -155,17 +162,34 @@ def block_lists_from_mask(
         raise ValueError(
             f"block_mask: expected shape [..., NQB, NKB], got {tuple(block_mask.shape)}"
         )
-    counts = block_mask.sum(-1, dtype=torch.int32)
-    need = int(counts.max()) if counts.numel() else 0
-    width = max(need, 1) if max_blocks is None else max_blocks
-    if need > width:
-        raise ValueError(
-            f"max_blocks: a query block lists {need} key blocks, more than max_blocks={width}"
-        )
-    # Stable sort of "not listed" puts listed blocks first, each group in increasing order.
-    order = torch.sort((~block_mask).to(torch.int8), dim=-1, stable=True).indices
     nkb = block_mask.shape[-1]
-    if width > nkb:
-        pad = order[..., :1].expand(*order.shape[:-1], width - nkb)
-        order = torch.cat([order, pad], dim=-1)
-    return order[..., :width].to(torch.int32).contiguous(), counts
+    cols = torch.arange(nkb, dtype=torch.int32, device=block_mask.device).expand_as(block_mask)
+    idx, counts = compact_by_mask(block_mask, cols)  # width max(1, largest count)
+    width = idx.shape[-1] if max_blocks is None else max_blocks
+    if max_blocks is not None:
+        need = int(counts.max()) if counts.numel() else 0
+        if need > width:
+            raise ValueError(
+                f"max_blocks: a query block lists {need} key blocks, more than max_blocks={width}"
+            )
+    if width > idx.shape[-1]:
+        idx = torch.nn.functional.pad(idx, (0, width - idx.shape[-1]))
+    return idx[..., :width].contiguous(), counts
+
+
+def compact_by_mask(mask: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of the last dim, the ``values`` where ``mask`` is set, in position order (what a
+    stable sort of ``~mask`` would gather), then zeros; by ranks (a cumulative sum), not a sort.
+
+    Args:
+        mask: bool ``[..., W]``; values: int ``[..., W]`` (same shape).
+    Returns:
+        int32 ``[..., max(1, max count)]`` and int32 counts ``[...]``.
+    """
+    pos = mask.cumsum(-1, dtype=torch.int32)  # 1-based rank of each set entry in its row
+    counts = pos[..., -1] if mask.shape[-1] else mask.sum(-1, dtype=torch.int32)
+    width = max(1, int(counts.max())) if counts.numel() else 1
+    out = torch.zeros(*mask.shape[:-1], width + 1, dtype=torch.int32, device=mask.device)
+    # Set entries go to their rank; the others to a dropped last column.
+    out.scatter_(-1, torch.where(mask, pos - 1, width).long(), values.to(torch.int32))
+    return out[..., :width], counts

@@ -63,6 +63,7 @@ def main():
                     S,
                     S,
                     D**-0.5,
+                    0,
                     D=D,
                     BLOCK_D=128,
                     IS_CAUSAL=True,

@@ -95,6 +95,13 @@ def _provider(name, q, k, v, bm):
     raise ValueError(name)
 
 
+def _chosen_config() -> str | None:
+    """The autotuned config of the block-sparse kernel (tiles, warps, stages)."""
+    from sparse_kernels.block_sparse import triton as bs
+
+    return str(getattr(bs._block_sparse_fwd_kernel, "best_config", None))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _table(request):
     yield
@@ -168,5 +175,6 @@ def test_block_sparse(benchmark, seq, density, provider):
         density=density,
         listed_block_fraction=listed,
         block=BLOCK,
+        config=_chosen_config() if provider == "ours" else None,
     )
     _RESULTS[(seq, density, provider)] = dict(benchmark.extra_info)

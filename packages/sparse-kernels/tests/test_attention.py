@@ -229,7 +229,7 @@ def test_every_autotune_config_is_correct():
         grid = (triton.cdiv(1000, cfg["BLOCK_M"]), 8)
         _attn_fwd_kernel.fn[grid](
             q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            8, 4, 1000, 1000, 128**-0.5, D=128, BLOCK_D=128, IS_CAUSAL=True, IEEE=False,
+            8, 4, 1000, 1000, 128**-0.5, 0, D=128, BLOCK_D=128, IS_CAUSAL=True, IEEE=False,
             num_warps=w, num_stages=st, **cfg,
         )  # fmt: skip
         assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=f"{cfg} w{w} s{st}")

@@ -144,7 +144,7 @@ def _run_config(q, k, v, cfg, *, sink, window, L, chunk):
     grid = (triton.cdiv(L, bm) * n_chunks + triton.cdiv(S - L, bm), B * H)
     tri._triangle_fwd_kernel.fn[grid](
         q, k, v, out, lse, ws_out, ws_lse, *q.stride(), *k.stride(), *v.stride(),
-        *out.stride(), H, H // k.shape[1], S, S, D**-0.5, sink, window, L, n_chunks, chunk,
+        *out.stride(), H, H // k.shape[1], S, S, D**-0.5, sink, window, L, n_chunks, chunk, 0,
         D=D, BLOCK_D=D, IEEE=q.dtype == torch.float32, SINK_N=tri.sink_tile(sink),
         num_warps=w, num_stages=st, **cfg,
     )  # fmt: skip

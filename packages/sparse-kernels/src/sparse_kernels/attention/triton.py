@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import block_d, configs, prune_fp32
+from .._triton.config import block_d, configs, prune_fp32, seq_bucket
 from .._triton.inner import _attn_tile_inner
 
 _GPU_CONFIGS = [
@@ -27,7 +27,7 @@ _INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
 
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
-    key=["D", "IS_CAUSAL", "IEEE"],
+    key=["D", "IS_CAUSAL", "IEEE", "SEQ_BUCKET"],
     prune_configs_by={"early_config_prune": prune_fp32},
 )
 @triton.jit
@@ -58,6 +58,7 @@ def _attn_fwd_kernel(
     S_Q,
     S_KV,
     sm_scale,
+    SEQ_BUCKET,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
@@ -151,7 +152,7 @@ def _launch_attention_fwd(
     _attn_fwd_kernel[grid](
         q, k, v, out, lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, H // H_KV, S_Q, S_KV, scale,
+        H, H // H_KV, S_Q, S_KV, scale, seq_bucket(S_KV),
         D=D, BLOCK_D=block_d(D), IS_CAUSAL=bool(causal), IEEE=q.dtype == torch.float32,
     )  # fmt: skip
     return out, lse

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import autotune_off, block_d, configs, on_interpreter, smallest
+from .._triton.config import autotune_off, block_d, configs, on_interpreter, seq_bucket, smallest
 
 _GPU_CONFIGS = [
     dict(TILE_M=128, TILE_N=128, num_warps=8, num_stages=3),
@@ -96,7 +96,7 @@ def _walk_list(
 
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
-    key=["D", "IS_CAUSAL", "IEEE", "MASK_BM", "MASK_BN", "HAS_FULL"],
+    key=["D", "IS_CAUSAL", "IEEE", "MASK_BM", "MASK_BN", "HAS_FULL", "SEQ_BUCKET"],
     prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
@@ -111,7 +111,7 @@ def _block_sparse_fwd_kernel(
     stride_i_b, stride_i_h, stride_i_m,
     stride_fn_b, stride_fn_h, stride_fn_m,
     stride_fi_b, stride_fi_h, stride_fi_m,
-    H, GROUP, S_Q, S_KV, sm_scale,
+    H, GROUP, S_Q, S_KV, sm_scale, SEQ_BUCKET,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     HAS_FULL: tl.constexpr, MASK_BM: tl.constexpr, MASK_BN: tl.constexpr,
     TILE_M: tl.constexpr, TILE_N: tl.constexpr,
@@ -214,7 +214,7 @@ def _launch_block_sparse_fwd(
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *_bcast_strides(kv_num_blocks, 3), *_bcast_strides(kv_indices, 3),
         *_bcast_strides(full_kv_num_blocks, 3), *_bcast_strides(full_kv_indices, 3),
-        H, H // H_KV, S_Q, S_KV, scale,
+        H, H // H_KV, S_Q, S_KV, scale, seq_bucket(S_KV),
         D=D, BLOCK_D=block_d(D), IS_CAUSAL=bool(causal), IEEE=q.dtype == torch.float32,
         HAS_FULL=has_full, MASK_BM=block_m, MASK_BN=block_n,
     )  # fmt: skip

@@ -343,6 +343,11 @@ def test_grid_permutation_matches_python_definition():
         assert torch.equal(offs[h], want_offs)
     # The caller's offsets give the same permutation.
     assert torch.equal(grid_permutation(S, stride, phase, offsets=offs).perm, p.perm)
+    # A caller's bound on the strides (no read-back): the same table, padded with S.
+    wide = grid_line_offsets(S, stride, phase, max_stride=64)
+    assert wide.shape == (5, 65)
+    assert torch.equal(wide[:, :61], offs) and bool((wide[:, 61:] == S).all())
+    assert torch.equal(grid_permutation(S, stride, phase, offsets=wide).perm, p.perm)
 
 
 @pytest.mark.parametrize("max_blocks", [None, 9], ids=["tight", "padded"])

@@ -270,6 +270,12 @@ def test_grid_fast_lists_equal_the_block_mask_path(S, stride, phase, vline, slas
     valid2 = torch.arange(i2.shape[-1]) < c2[..., None]
     s2 = torch.sort(torch.where(valid2, i2, 1 << 20), -1).values
     assert torch.equal(s1, s2)
+    # The planner's line table is as wide as its stride space (no read-back): same lists.
+    wide = grid_line_offsets(S, st, ph, max_stride=stride + 9)
+    i3, c3 = grid_lists(perm, wide, f(vline), f(slash), S, blk)
+    assert torch.equal(i3, i2) and torch.equal(c3, c2)
+    fn = grid_block_mask(perm, wide, f(False), f(vline), f(slash), S, blk)
+    assert torch.equal(lists_from_chunks(fn, 2, nb, nb, "cpu")[0], i1)
 
 
 @pytest.mark.gpu

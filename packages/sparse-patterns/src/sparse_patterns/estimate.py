@@ -15,6 +15,8 @@ import math
 
 import torch
 
+from ._device import to_device
+
 
 def approx_scores(
     q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, *, scale: float
@@ -55,13 +57,19 @@ def slash_scores(p: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     Row ``l`` contributes ``p[l, rows[l] - o]`` to offset ``o``: a reversed slice per row (a
     loop over the ``L`` approximate rows, vectorised over heads; no ``L x S`` index tensor).
     """
+    return _slash_scores(p, rows.shape, rows.reshape(-1).tolist())
+
+
+def _slash_scores(p: torch.Tensor, shape: torch.Size, positions: list[int]) -> torch.Tensor:
+    """:func:`slash_scores` with the row positions given on the host (``positions``, the rows
+    ``[*shape]`` flattened): slicing by them needs them as Python ints."""
     S = p.shape[-1]
-    lead = p.shape[: p.ndim - rows.ndim - 1]
+    lead = p.shape[: p.ndim - len(shape) - 1]
     pr = p.reshape(*lead, -1, S)
-    out = torch.zeros(*lead, *rows.shape[:-1], S, dtype=p.dtype, device=p.device)
+    out = torch.zeros(*lead, *shape[:-1], S, dtype=p.dtype, device=p.device)
     flat_out = out.reshape(*lead, -1, S)
-    L = rows.shape[-1]
-    for n, r in enumerate(rows.reshape(-1).tolist()):
+    L = shape[-1]
+    for n, r in enumerate(positions):
         r = min(int(r), S - 1)
         flat_out[..., n // L, : r + 1] += pr[..., n, : r + 1].flip(-1)
     return out
@@ -90,7 +98,7 @@ def last_line_scores(
         return line_scores(q[:, :, S - n :], k, S - n, scale=scale, impl="triton")
     rows = torch.arange(S - n, S, device=q.device)
     p = approx_scores(q, k, rows, scale=scale)
-    return vertical_scores(p), slash_scores(p, rows)
+    return vertical_scores(p), _slash_scores(p, rows.shape, list(range(S - n, S)))
 
 
 def topk_indices(scores: torch.Tensor, k: int, *, forced: int = 0) -> torch.Tensor:
@@ -156,7 +164,7 @@ def _fold_mats(strides: tuple[int, ...], S: int, device: torch.device):
         valid[i, :s] = torch.arange(o, o + s)
         o += s
     svec = torch.tensor(strides)
-    return tuple(t.to(device) for t in (fold, tail, first_idx, n, valid, svec))
+    return tuple(to_device(t, device) for t in (fold, tail, first_idx, n, valid, svec))
 
 
 def _class_ratio(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,7 +245,7 @@ def search_grid_lines(
     best = sc.amax(-1, keepdim=True)
     first = (sc >= best * (1.0 - rel_tol)).to(torch.int8).argmax(-1, keepdim=True)
     if svec is None:
-        svec = torch.tensor(strides, device=col.device)
+        svec = to_device(torch.tensor(strides), col.device)
     st = svec[first.squeeze(-1)]
     return st, ph.gather(-1, first).squeeze(-1), sc.gather(-1, first).squeeze(-1)
 

@@ -43,7 +43,16 @@ class TokenLayout:
 
     @classmethod
     def text(cls, S: int, device: torch.device | str | None = None) -> TokenLayout:
-        return cls(torch.zeros(S, dtype=torch.int64, device=device))
+        return cls._trusted(torch.zeros(S, dtype=torch.int64, device=device), None)
+
+    @classmethod
+    def _trusted(cls, modality: torch.Tensor, tokens_per_frame: int | None) -> TokenLayout:
+        """A layout whose fields are known to be valid, built without the checks (the
+        ``min >= 0`` check reads the modality back from the device: a synchronisation on CUDA)."""
+        out = object.__new__(cls)
+        object.__setattr__(out, "modality", modality)
+        object.__setattr__(out, "tokens_per_frame", tokens_per_frame)
+        return out
 
     @classmethod
     def from_spans(
@@ -83,4 +92,8 @@ def as_token_layout(layout: object, S: int, device: torch.device) -> TokenLayout
         raise ValueError(
             f"layout: expected {S} tokens (the sequence length), got {tl.modality.shape[0]}"
         )
-    return TokenLayout(tl.modality.to(device=device, dtype=torch.int64), tl.tokens_per_frame)
+    m = tl.modality
+    if m.device == device and m.dtype == torch.int64:
+        return tl
+    # Checked when ``tl`` was built; only moved here.
+    return TokenLayout._trusted(m.to(device=device, dtype=torch.int64), tl.tokens_per_frame)

@@ -19,6 +19,7 @@ from sparse_kernels.permuted import grid_permutation
 from sparse_kernels.permuted.perms import grid_line_offsets
 
 from . import estimate as E
+from ._device import heads_index, to_device
 from .layout import as_token_layout
 from .patterns import (
     AShape,
@@ -87,20 +88,26 @@ def normalize_head_configs(head_config, H: int) -> list[HeadConfig]:
 
 def _per_head(cfgs: list, B: int, field: str, dev, base: str = "pattern") -> torch.Tensor:
     vals = [getattr(getattr(c, base), field) for c in cfgs]
-    return torch.tensor(vals, device=dev, dtype=torch.int64).repeat(
-        B
-    )  # [(B, Hg)] flattened b-major
+    return to_device(torch.tensor(vals, dtype=torch.int64), dev).repeat(B)  # [(B, Hg)] b-major
 
 
-def _topk_per_head(scores: torch.Tensor, k: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
+def _per_flag(cfgs: list, B: int, field: str, dev) -> torch.Tensor:
+    vals = [getattr(c.pattern, field) for c in cfgs]
+    return to_device(torch.tensor(vals, dtype=torch.bool), dev).repeat(B)  # [(B, Hg)] b-major
+
+
+def _topk_per_head(
+    scores: torch.Tensor, k: torch.Tensor, forced: torch.Tensor, k_max: int
+) -> torch.Tensor:
     """``scores [N, ..., S]``, ``k``/``forced`` ``[N]``: top ``k[n]`` indices with the first
-    ``forced[n]`` positions always in; int64 ``[N, ..., kmax]`` with -1 past ``k[n]``."""
+    ``forced[n]`` positions always in; int64 ``[N, ..., kmax]`` with -1 past ``k[n]``.
+    ``k_max``: ``max(k)``, from the host configs (reading it from ``k`` would synchronise)."""
     S = scores.shape[-1]
     shape = (-1,) + (1,) * (scores.ndim - 1)
     s = scores.masked_fill(
         torch.arange(S, device=scores.device) < forced.reshape(shape), float("inf")
     )
-    kmax = int(min(S, int(k.max()) if k.numel() else 0))
+    kmax = min(S, k_max)
     if kmax == 0:
         return torch.full((*scores.shape[:-1], 1), -1, dtype=torch.int64, device=scores.device)
     vals, idx = torch.topk(s, kmax, dim=-1, sorted=True)
@@ -161,7 +168,7 @@ class _Ctx:
         """``[B, H, ...] -> [B * len(hs), ...]`` (b-major; no copy when ``hs`` is every head)."""
         if list(hs) == list(range(t.shape[1])):
             return t.reshape(-1, *t.shape[2:])
-        return t[:, hs].reshape(-1, *t.shape[2:])
+        return t[:, heads_index(list(hs), t.device)].reshape(-1, *t.shape[2:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,8 +196,10 @@ def _vs_topk(col: torch.Tensor, slash: torch.Tensor, cfgs, B: int):
     dev = col.device
     nv, ns = _per_head(cfgs, B, "n_vertical", dev), _per_head(cfgs, B, "n_slash", dev)
     sink, local = _per_head(cfgs, B, "sink", dev), _per_head(cfgs, B, "local", dev)
-    vert = _topk_per_head(col, nv, torch.minimum(sink, nv))
-    sl = _topk_per_head(slash, ns, torch.minimum(local, ns))
+    nv_max = max(c.pattern.n_vertical for c in cfgs)
+    ns_max = max(c.pattern.n_slash for c in cfgs)
+    vert = _topk_per_head(col, nv, torch.minimum(sink, nv), nv_max)
+    sl = _topk_per_head(slash, ns, torch.minimum(local, ns), ns_max)
     return vert, sl
 
 
@@ -261,7 +270,7 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     for sp, ns in spaces.items():
         ns = sorted(ns)
         whole = len(ns) == N  # one stride space for every head: no index tensors
-        sel = slice(None) if whole else torch.tensor(ns, device=dev)
+        sel = slice(None) if whole else to_device(torch.tensor(ns), dev)
         cs, ss = (col, sl) if whole else (col[sel], sl[sel])
         if len(sp) == 1:
             s = sp[0]
@@ -278,14 +287,16 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
             stride, phase = st.to(torch.int64), ph.to(torch.int64)
         else:
             stride[sel], phase[sel] = st, ph
-    offs = grid_line_offsets(ctx.S, stride, phase, device=dev)
+    # Every stride comes from a host-side space: their largest bounds the line table, so its
+    # width is not read back from the device.
+    max_stride = max(max(sp) for sp in spaces)
+    offs = grid_line_offsets(ctx.S, stride, phase, device=dev, max_stride=max_stride)
     perm, _ = grid_permutation(ctx.S, stride, phase, device=dev, offsets=offs)
-    flags = torch.tensor(
-        [[getattr(c.pattern, f) for c in cfgs] for f in ("use_hline", "use_vline", "use_slash")],
-        device=dev,
-    ).repeat(1, ctx.B)  # [3, N], b-major like every per-head tensor here
+    names = ("use_hline", "use_vline", "use_slash")
+    flags = to_device(torch.tensor([[getattr(c.pattern, f) for c in cfgs] for f in names]), dev)
+    flags = flags.repeat(1, ctx.B)  # [3, N], b-major like every per-head tensor here
     nb = -(-ctx.S // ctx.block)
-    if bool(flags[0].any()):
+    if any(c.pattern.use_hline for c in cfgs):
         fn = grid_block_mask(perm, offs, *flags, ctx.S, ctx.block)
         idx, cnt = lists_from_chunks(fn, N, nb, nb, dev)
     else:
@@ -301,14 +312,14 @@ def _plan_block_sparse(ctx: _Ctx, hs, cfgs) -> tuple:
                 f"BlockSparse.block={c.pattern.block} differs from the layer's block={ctx.block}; "
                 f"one block size per layer is supported"
             )
-    pq = E.pool_blocks(ctx.q[:, hs], ctx.block)
+    pq = E.pool_blocks(ctx.q[:, heads_index(hs, dev)], ctx.block)
     H_KV = ctx.k.shape[1]
     G = ctx.H // H_KV
-    pk = E.pool_blocks(ctx.k, ctx.block)[:, [h // G for h in hs]]
+    pk = E.pool_blocks(ctx.k, ctx.block)[:, to_device(torch.tensor([h // G for h in hs]), dev)]
     nb = pq.shape[2]
     B, Hg = ctx.B, len(hs)
-    topk = torch.tensor([c.pattern.top_k or 0 for c in cfgs], device=dev).repeat(B)
-    ratio = torch.tensor([c.pattern.ratio or 0.0 for c in cfgs], device=dev).repeat(B)
+    topk = to_device(torch.tensor([c.pattern.top_k or 0 for c in cfgs]), dev).repeat(B)
+    ratio = to_device(torch.tensor([c.pattern.ratio or 0.0 for c in cfgs]), dev).repeat(B)
 
     def fn(m0: int, m1: int) -> torch.Tensor:
         s = E.pooled_block_scores(pq[:, :, m0:m1], pk, scale=ctx.scale, m0=m0)  # [B, Hg, C, NKB]
@@ -410,11 +421,12 @@ def _plan_boundary(ctx: _Ctx, hs, cfgs, two_d: bool) -> tuple:
             )
     if two_d:
         cv = _per_head(cfgs, B, "cross_vertical", dev, base="boundary")
+        cv_max = max(c.boundary.cross_vertical for c in cfgs)
         col = E.vertical_scores(p)  # [N, M, S]
         parts = []
         for b in range(M):
             cb = col.masked_fill((mi != b)[None, None], float("-inf"))
-            t = _topk_per_head(cb, cv, torch.zeros_like(cv))  # [N, M, k]
+            t = _topk_per_head(cb, cv, torch.zeros_like(cv), cv_max)  # [N, M, k]
             a_eq_b = (torch.arange(M, device=dev) == b)[None, :, None]
             parts.append(torch.where(a_eq_b, -1, t))
         cross = torch.cat(parts, dim=-1)  # [N, M(a), M * k]
@@ -508,7 +520,7 @@ def _plan_q_boundary_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     key = (mi[None] * S + line) * S + i[None]
     q_perm = torch.argsort(key, dim=-1).to(torch.int32)
     flags = {
-        f: torch.tensor([getattr(c.pattern, f) for c in cfgs], device=dev).repeat(B)[:, None, None]
+        f: _per_flag(cfgs, B, f, dev)[:, None, None]
         for f in ("use_hline", "use_vline", "use_slash")
     }
 
@@ -636,15 +648,16 @@ def plan_layer(
         for local, vv, ss in meta.get("exact_vertical", ()):
             exact_vertical.append(ExactVerticalHeads(tuple(hs[j] for j in local), vv, ss))
         Hg = len(hs)
-        idx[:, hs, :, : i.shape[-1]] = i.reshape(B, Hg, nb, -1)
-        cnt[:, hs] = c.reshape(B, Hg, nb)
+        at = heads_index(hs, dev)
+        idx[:, at, :, : i.shape[-1]] = i.reshape(B, Hg, nb, -1)
+        cnt[:, at] = c.reshape(B, Hg, nb)
         if qp is not None:
-            q_perm[:, hs] = qp.reshape(B, Hg, S).to(torch.int32)
+            q_perm[:, at] = qp.reshape(B, Hg, S).to(torch.int32)
         if kp is not None:
-            kv_perm[:, hs] = kp.reshape(B, Hg, S).to(torch.int32)
+            kv_perm[:, at] = kp.reshape(B, Hg, S).to(torch.int32)
         if "stride" in meta:
-            stride[:, hs] = meta["stride"].reshape(B, Hg)
-            phase[:, hs] = meta["phase"].reshape(B, Hg)
+            stride[:, at] = meta["stride"].reshape(B, Hg)
+            phase[:, at] = meta["phase"].reshape(B, Hg)
     return BlockPlan(
         idx, cnt, q_perm, kv_perm, block, S, {"stride": stride, "phase": phase},
         tuple(exact_vertical),

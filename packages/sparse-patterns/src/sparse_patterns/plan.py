@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from sparse_kernels.permuted.perms import block_lists_from_mask, compact_by_mask
+from sparse_kernels.permuted.perms import block_lists_from_mask, compact_by_mask, host_ints
 
 # Element budget of one chunk of a block-mask or element-mask builder (bools).
 _CHUNK_ELEMS = 1 << 27
@@ -453,8 +453,8 @@ def grid_lists(
     s_hi = (offs.gather(1, c_hi + 1) - 1) // blk
     v_hi = torch.where(use_vline, (offs[:, 1] - 1) // blk, -1)  # [N]
     s_hi = torch.where(use_slash[:, None], s_hi, s_lo - 1)
-    wv = int(v_hi.max()) + 1
-    ws = int((s_hi - s_lo + 1).max().clamp_min(0))
+    # Candidate widths: sizes that depend on the data, read back in one go.
+    wv, ws = host_ints(v_hi.max() + 1, (s_hi - s_lo + 1).max().clamp_min(0))
     m = torch.arange(nkb, device=dev)[None, :, None]
     cand_v = torch.arange(wv, device=dev)[None, None, :].expand(N, nkb, wv)
     ok_v = cand_v <= v_hi[:, None, None]

@@ -116,3 +116,97 @@ def planted_boundary_qkv(
     k[..., tcols, 0] += amp
     k[..., vcols, 1] += amp
     return q, k, v, lay
+
+
+# ---------------------------------------------------------------------------------------------
+# Host-device synchronisations, observed on the CPU
+
+
+class SyncRecorder:
+    """Records the operations that make the host wait for a CUDA device, while running on CPU
+    tensors (where nothing waits): ``with SyncRecorder() as rec: ...``, then ``rec.events``, a
+    list of ``(what, where)`` with ``where`` the innermost ``file:line (function)`` of the
+    ``sparse_patterns`` / ``sparse_kernels`` sources.
+
+    Recorded: reading a value back (``.item()``, ``int()`` / ``float()`` / ``bool()`` /
+    ``__index__`` of a tensor, a Python ``if`` on one: ``aten._local_scalar_dense``;
+    ``.tolist()``, ``.cpu()``, ``.numpy()``), ops whose output size depends on the data
+    (``nonzero``, ``unique``, ``masked_select``, ``repeat_interleave`` without ``output_size``,
+    indexing with a bool tensor), copies to another device without ``non_blocking``, and
+    host-to-device copies of Python data (``torch.tensor(..., device=...)``, a list inside an
+    index), which CUDA runs as a copy followed by a stream synchronisation.
+    """
+
+    _VALUE = {"_local_scalar_dense", "nonzero", "masked_select"}
+    _METHODS = {"tolist", "cpu", "numpy"}
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self._modes: list = []
+
+    def __enter__(self) -> SyncRecorder:
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        rec = self
+
+        class _Functions(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                rec._function(func, args, kwargs or {})
+                return func(*args, **(kwargs or {}))
+
+        class _Dispatch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                rec._dispatch(func, args, kwargs or {})
+                return func(*args, **(kwargs or {}))
+
+        self._modes = [_Functions(), _Dispatch()]
+        for m in self._modes:
+            m.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for m in reversed(self._modes):
+            m.__exit__(*exc)
+
+    def _add(self, what: str) -> None:
+        import traceback
+
+        where = "?"
+        for fr in reversed(traceback.extract_stack()):
+            f = fr.filename.replace("\\", "/")
+            if ("/sparse_patterns/" in f or "/sparse_kernels/" in f) and not f.endswith(
+                "sparse_patterns/testing.py"
+            ):
+                where = f"{f.rsplit('/src/', 1)[-1]}:{fr.lineno} ({fr.name})"
+                break
+        self.events.append((what, where))
+
+    def _function(self, func, args, kwargs) -> None:
+        name = getattr(func, "__name__", "")
+        if name in self._METHODS:
+            self._add(f"Tensor.{name}")
+        elif name in ("tensor", "as_tensor") and kwargs.get("device") is not None:
+            if not (args and isinstance(args[0], torch.Tensor)):
+                self._add(f"torch.{name}(python data, device=...)")
+        elif name in ("__getitem__", "__setitem__") and len(args) >= 2:
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            if any(isinstance(i, list) for i in index):
+                self._add(f"Tensor.{name} with a list index")
+
+    def _dispatch(self, func, args, kwargs) -> None:
+        name = func.__name__.split(".")[0]
+        if name in self._VALUE or name.startswith(("unique", "_unique")):
+            self._add(f"aten.{func.__name__}")
+        elif name == "repeat_interleave" and kwargs.get("output_size") is None:
+            if func.__name__.split(".")[-1] in ("Tensor", "self_Tensor"):  # repeats: a tensor
+                self._add(f"aten.{func.__name__} without output_size")
+        elif name in ("index", "index_put", "index_put_") and len(args) >= 2:
+            if any(i is not None and i.dtype == torch.bool for i in args[1]):
+                self._add(f"aten.{func.__name__} with a bool index")
+        elif name in ("_to_copy", "to", "copy_"):
+            src = args[1] if name == "copy_" else args[0]
+            dst = args[0].device if name == "copy_" else kwargs.get("device")
+            moved = dst is not None and torch.device(dst) != src.device
+            if moved and not kwargs.get("non_blocking", False):
+                self._add(f"aten.{func.__name__} across devices, blocking")

@@ -64,7 +64,8 @@ def grid_permutation(
             modulo the stride.
         device: where the result lives (default: the device of a tensor argument, else CPU).
         offsets: :func:`grid_line_offsets` of the same arguments, when the caller has it
-            (computed here otherwise).
+            (computed here otherwise). The strides are then not checked again: the check reads
+            them back from the device (a synchronisation on CUDA).
 
     Returns:
         ``Permutation(perm, inverse)``, int32, shape ``[H, S]`` (``H = 1`` for int arguments,
@@ -86,14 +87,11 @@ def grid_permutation(
         raise ValueError(
             f"stride and phase must have the same length H (or 1), got {st.numel()} and {ph.numel()}"
         )
-    if bool((st < 1).any()):
-        raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
     H = max(st.numel(), ph.numel())
-    offs = (
-        grid_line_offsets(S, st.expand(H), ph.expand(H), device=device)
-        if offsets is None
-        else offsets.to(device=device, dtype=torch.int64)
-    )
+    if offsets is None:
+        offs = grid_line_offsets(S, st.expand(H), ph.expand(H), device=device)
+    else:
+        offs = offsets.to(device=device, dtype=torch.int64)
     st = st.expand(H)[:, None]
     ph = ph.expand(H)[:, None]
     i = torch.arange(S, device=device, dtype=torch.int64)[None, :]
@@ -110,11 +108,15 @@ def grid_line_offsets(
     phase: int | torch.Tensor = 0,
     *,
     device: torch.device | str | None = None,
+    max_stride: int | None = None,
 ) -> torch.Tensor:
     """Where each grid line starts in the permuted order of :func:`grid_permutation`.
 
-    Returns int64 ``[H, max_stride + 1]``: line ``c`` of head ``h`` occupies permuted positions
-    ``[offsets[h, c], offsets[h, c + 1])``; entries past a head's own stride equal ``S``.
+    Returns int64 ``[H, W + 1]`` with ``W`` the largest stride: line ``c`` of head ``h``
+    occupies permuted positions ``[offsets[h, c], offsets[h, c + 1])``; entries past a head's
+    own stride equal ``S``. ``max_stride``: an upper bound on the strides known to the caller;
+    then ``W = max_stride`` and the strides are not read back from the device (no
+    synchronisation on CUDA; strides outside ``1 .. max_stride`` give wrong offsets).
     """
     if device is None:
         for x in (stride, phase):
@@ -124,12 +126,14 @@ def grid_line_offsets(
     device = torch.device(device) if device is not None else torch.device("cpu")
     st = _as_head_vector(stride, "stride", device)
     ph = _as_head_vector(phase, "phase", device)
-    if bool((st < 1).any()):
-        raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
+    if max_stride is None:
+        if bool((st < 1).any()):
+            raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
+        max_stride = int(st.max())
     H = max(st.numel(), ph.numel())
     st = st.expand(H)[:, None]
     ph = torch.remainder(ph.expand(H)[:, None], st)
-    c = torch.arange(int(st.max()), device=device, dtype=torch.int64)[None, :]
+    c = torch.arange(max_stride, device=device, dtype=torch.int64)[None, :]
     # Line c holds the tokens i = first + k*stride < S with first = (phase + c) mod stride.
     first = torch.remainder(ph + c, st)
     count = torch.where(c < st, (S - first + st - 1).clamp_min(0) // st, 0)
@@ -188,8 +192,18 @@ def compact_by_mask(mask: torch.Tensor, values: torch.Tensor) -> tuple[torch.Ten
     """
     pos = mask.cumsum(-1, dtype=torch.int32)  # 1-based rank of each set entry in its row
     counts = pos[..., -1] if mask.shape[-1] else mask.sum(-1, dtype=torch.int32)
-    width = max(1, int(counts.max())) if counts.numel() else 1
+    width = max(1, *host_ints(counts.max())) if counts.numel() else 1
     out = torch.zeros(*mask.shape[:-1], width + 1, dtype=torch.int32, device=mask.device)
     # Set entries go to their rank; the others to a dropped last column.
     out.scatter_(-1, torch.where(mask, pos - 1, width).long(), values.to(torch.int32))
     return out[..., :width], counts
+
+
+def host_ints(*xs: torch.Tensor) -> list[int]:
+    """The values of the one-element tensors ``xs`` as Python ints, read back together.
+
+    On CUDA this is a synchronisation (the host waits for the queued work). The planners call it
+    only for the sizes of outputs that depend on the data (the width of a block list), so that
+    a test can tell those reads from accidental ones.
+    """
+    return torch.stack([x.reshape(()).long() for x in xs]).tolist()

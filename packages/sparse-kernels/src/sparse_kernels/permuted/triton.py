@@ -30,6 +30,8 @@ _GPU_CONFIGS = [
 ]
 # Bit (a * PAIR_STRIDE + b) of a pair mask allows query modality a with key modality b.
 PAIR_STRIDE = tl.constexpr(MAX_MODALITIES)
+# The bits of one query modality's row of the pair mask.
+PAIR_ROW_BITS = tl.constexpr((1 << MAX_MODALITIES) - 1)
 # Under the interpreter tiles are as large as the blocks allow (fewer, bigger numpy ops).
 _INTERP_MAX_TILE = 64
 
@@ -62,6 +64,11 @@ def _gpu_configs() -> list[triton.Config]:
         w, s = c.pop("num_warps"), c.pop("num_stages")
         out.append(triton.Config(c, num_warps=w, num_stages=s))
     return out
+
+
+@triton.jit
+def _bit_or(a, b):
+    return a | b
 
 
 @triton.jit
@@ -109,9 +116,14 @@ def _permuted_blocks_inner(
     """
     d_ok = offs_d < D
     n_sub = kv_block // BLOCK_N
+    # The element mask is built only for tiles that need it: tiles past the key end, tiles with a
+    # key after some row's position (causal), tiles holding a (query, key) modality pair that the
+    # entry's pair mask drops. Most tiles of a permuted head need none of it.
+    min_q_pos = tl.min(q_pos)
     for t in range(0, count * n_sub):
         blk = tl.load(idx_base + (t // n_sub) * stride_idx_n)
-        cols_p = blk.to(tl.int64) * kv_block + (t % n_sub) * BLOCK_N + offs_n
+        start_p = blk.to(tl.int64) * kv_block + (t % n_sub) * BLOCK_N
+        cols_p = start_p + offs_n
         col_ok = cols_p < S_KV
         if HAS_KV_PERM:
             cols = tl.load(kvp_base + cols_p * stride_kvp_s, mask=col_ok, other=0).to(tl.int64)
@@ -131,16 +143,24 @@ def _permuted_blocks_inner(
             qk = tl.dot(q, k, input_precision="ieee")
         else:
             qk = tl.dot(q, k)
-        keep = col_ok[None, :]
+        need = start_p + BLOCK_N > S_KV
         if APPLY_CAUSAL:
             # Causality on ORIGINAL positions: that is what keeps a permuted causal head exact.
-            keep = keep & (cols[None, :] <= q_pos[:, None])
+            need = need | (tl.max(cols) > min_q_pos)
         if HAS_PAIRS:
             bits = tl.load(pairs_base + (t // n_sub) * stride_pairs_n).to(tl.int64)
-            k_mod = tl.load(kvmod_base + cols * stride_kvmod_s, mask=col_ok, other=0)
-            shift = q_pair[:, None] + k_mod.to(tl.int64)[None, :]
-            keep = keep & (((bits >> shift) & 1) != 0)
-        qk = tl.where(keep, qk, float("-inf"))
+            k_mod = tl.load(kvmod_base + cols * stride_kvmod_s, mask=col_ok, other=0).to(tl.int32)
+            # Row r keeps key modality m iff bit m of row_bits[r] is set.
+            row_bits = ((bits >> q_pair) & PAIR_ROW_BITS).to(tl.int32)
+            k_any = tl.reduce(1 << k_mod, 0, _bit_or)
+            need = need | (tl.min(((row_bits & k_any) == k_any).to(tl.int32)) == 0)
+        if need:
+            keep = col_ok[None, :]
+            if APPLY_CAUSAL:
+                keep = keep & (cols[None, :] <= q_pos[:, None])
+            if HAS_PAIRS:
+                keep = keep & (((row_bits[:, None] >> k_mod[None, :]) & 1) != 0)
+            qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         # A row that has seen no key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
         m_new = tl.where(m_new == float("-inf"), 0.0, m_new)

@@ -1,0 +1,131 @@
+"""plan_layer without host-device synchronisations: recorded on the CPU by
+:class:`~sparse_patterns.testing.SyncRecorder`, counted on CUDA by the sync debug mode.
+
+The only reads left are ``sparse_kernels.permuted.perms.host_ints``: the widths of block lists,
+sizes of outputs that depend on the data (a Grid layer without horizontal lines reads two: the
+candidate widths and the longest list; block-mask planners one per chunk of query blocks)."""
+
+import warnings
+
+import pytest
+import torch
+from sparse_patterns import AShape, Grid, HeadConfig, TokenLayout, VerticalSlash, plan_layer
+from sparse_patterns.testing import SyncRecorder
+
+GRID = Grid(use_hline=False, use_vline=True, use_slash=True)
+
+
+def _qk(S: int, H: int = 4, H_KV: int = 2, D: int = 32, device="cpu"):
+    g = torch.Generator().manual_seed(S)
+    q = torch.randn(1, H, S, D, generator=g)
+    k = torch.randn(1, H_KV, S, D, generator=g)
+    return q.to(device), k.to(device)
+
+
+def _syncs(fn) -> tuple[list, list]:
+    """(unexpected events, host_ints reads) of one call of ``fn``."""
+    with SyncRecorder() as rec:
+        fn()
+    reads = [e for e in rec.events if "(host_ints)" in e[1]]
+    return [e for e in rec.events if "(host_ints)" not in e[1]], reads
+
+
+@pytest.mark.parametrize(
+    "heads, tpf, n_reads",
+    [
+        pytest.param([GRID] * 4, 16, 2, id="grid-searched-tpf16"),
+        pytest.param([GRID] * 4, None, 2, id="grid-searched-no-layout"),
+        pytest.param([Grid(stride=7)] * 4, None, 2, id="grid-fixed-stride"),
+        pytest.param(
+            [Grid(stride=5), GRID, Grid(max_stride=12, use_vline=False), Grid(use_slash=False)],
+            16,
+            2,
+            id="grid-mixed-stride-spaces",
+        ),
+        pytest.param([Grid(use_hline=True)] * 4, 16, 1, id="grid-hline-one-chunk"),
+        pytest.param([VerticalSlash(n_vertical=40, n_slash=60)] * 4, 16, 1, id="vs-one-chunk"),
+        pytest.param([AShape(sink=16, window=64)] * 4, None, 1, id="ashape-one-chunk"),
+        pytest.param(
+            [GRID, VerticalSlash(n_vertical=40, n_slash=60), GRID, AShape()],
+            16,
+            4,
+            id="grid-vs-ashape-mixed-heads",
+        ),
+    ],
+)
+def test_plan_layer_reads_back_only_list_widths(heads, tpf, n_reads):
+    torch.manual_seed(0)
+    S = 1025
+    q, k = _qk(S)
+    lay = TokenLayout(torch.full((S,), 2), tokens_per_frame=tpf) if tpf else None
+    cfgs = [HeadConfig(h) for h in heads]
+    plan_layer(q, k, cfgs, lay, block=64)  # warm the caches (fold matrices)
+    unexpected, reads = _syncs(lambda: plan_layer(q, k, cfgs, lay, block=64))
+    assert unexpected == []
+    assert len(reads) == n_reads
+
+
+def _set_heads(x: torch.Tensor, hs: list[int]) -> None:
+    x[hs] = 0
+
+
+def test_sync_recorder_sees_each_kind_of_sync():
+    """The recorder must be able to fail: one case of every operation it looks for."""
+    torch.manual_seed(0)
+    x = torch.arange(6)
+    cases = {
+        "item": lambda: x.sum().item(),
+        "int": lambda: int(x.max()),
+        "bool": lambda: bool((x > 2).any()),
+        "range": lambda: range(x[2]),
+        "tolist": lambda: x.tolist(),
+        "cpu": lambda: x.cpu(),
+        "nonzero": lambda: torch.nonzero(x),
+        "unique": lambda: torch.unique(x),
+        "masked_select": lambda: x.masked_select(x > 2),
+        "bool-index": lambda: x[x > 2],
+        "list-index": lambda: x[[0, 2]],
+        "list-index-set": lambda: _set_heads(x.clone(), [1, 2]),
+        "repeat_interleave": lambda: x.repeat_interleave(torch.full((6,), 2)),
+        "tensor-on-device": lambda: torch.tensor([1, 2], device="cpu"),
+    }
+    for name, fn in cases.items():
+        with SyncRecorder() as rec:
+            fn()
+        assert rec.events, name
+    with SyncRecorder() as rec:
+        x.repeat_interleave(torch.full((6,), 2), output_size=12)
+        torch.tensor([1, 2])
+        x[1:3] + x[torch.tensor([0, 2])]
+    assert rec.events == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "heads, n_reads",
+    [
+        pytest.param([GRID] * 4, 2, id="grid"),
+        pytest.param([VerticalSlash(n_vertical=40, n_slash=60)] * 4, 1, id="vs"),
+        pytest.param([AShape(sink=16, window=64)] * 4, 1, id="ashape"),
+    ],
+)
+def test_plan_layer_cuda_synchronisations(heads, n_reads):
+    """On CUDA: the same count, seen by the sync debug mode (which also sees blocking copies)."""
+    torch.manual_seed(0)
+    S = 4097
+    q, k = _qk(S, device="cuda")
+    lay = TokenLayout(torch.full((S,), 2, device="cuda"), tokens_per_frame=16)
+    cfgs = [HeadConfig(h) for h in heads]
+    plan_layer(q, k, cfgs, lay, block=64)  # autotuning and caches synchronise once
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            plan_layer(q, k, cfgs, lay, block=64)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    # (the first use of the debug mode also warns that it is a prototype: not a sync)
+    syncs = [w for w in seen if "called a synchronizing CUDA operation" in str(w.message)]
+    assert len(syncs) == n_reads

@@ -8,24 +8,16 @@ of ``bench_grid.py``), plus CUDA-event times of each estimation step on its own.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import pathlib
 
 import torch
+from _load import load_repo_module
 from sparse_kernels.benchmarking import cuda_time_ms
 from sparse_patterns import Grid, HeadConfig, VerticalSlash, plan_layer
 from sparse_patterns import estimate as E
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
 
 def _bench_grid():
-    spec = importlib.util.spec_from_file_location(
-        "bench_grid", ROOT / "packages/sparse-patterns/benchmarks/bench_grid.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_repo_module("bench_grid", "packages/sparse-patterns/benchmarks/bench_grid.py")
 
 
 def main() -> None:

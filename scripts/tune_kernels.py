@@ -13,18 +13,16 @@ and cuDNN dense are timed in the same process as baselines. Prints a table; ``--
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import pathlib
 
 import torch
 import triton
+from _load import load_repo_module
 from sparse_kernels import block_sparse_attention, triangle_attention
 from sparse_kernels.benchmarking import cuda_time_ms, env_info
 from sparse_kernels.block_sparse import triton as bs_triton
 from sparse_kernels.triangle import triton as tri_triton
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 TRI_CANDIDATES = [
     dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
@@ -87,12 +85,9 @@ def _run_candidates(kernel, candidates, call, smoke, name, extra):
 
 
 def _bench_module():
-    spec = importlib.util.spec_from_file_location(
-        "bench_block_sparse", ROOT / "packages/sparse-kernels/benchmarks/bench_block_sparse.py"
+    return load_repo_module(
+        "bench_block_sparse", "packages/sparse-kernels/benchmarks/bench_block_sparse.py"
     )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def tune_triangle(S: int, smoke: bool) -> list[dict]:

@@ -60,6 +60,34 @@ def retrieve(model, tok, policy, n_pairs, seed) -> tuple[bool, int]:
     return text.startswith(s.answer), ids.shape[1]
 
 
+def kv_likelihood(model, tok, policy, n_pairs, seed) -> dict:
+    """Teacher-forced scores of the App. A.1 value, for a model too small to generate it: the NLL
+    (nats) of each token of the true value and of a distractor (the value of another pair of the
+    same prompt) as the continuation of the prompt, and the fraction of the true value's tokens
+    that are the model's greedy next token. Once a value has begun, copying the rest of a UUID
+    from the context is easy; which value the model starts is decided by the first tokens."""
+    s = kv_retrieval_prompt(n_pairs, seed)
+    other = kv_retrieval_prompt(n_pairs, seed, query_index=0)  # the same pairs (seeded)
+    if other.answer == s.answer:
+        other = kv_retrieval_prompt(n_pairs, seed, query_index=1 % n_pairs)
+    ids = encode_for_model(tok, s.prompt).to(model.device)
+    out = {"tokens": ids.shape[1]}
+    for name, value in (("true", s.answer), ("distractor", other.answer)):
+        cont = tok(" " + value, add_special_tokens=False, return_tensors="pt").input_ids
+        full = torch.cat([ids, cont.to(ids.device)], dim=1)
+        n = cont.shape[1]
+        ctx = policy() if callable(policy) else apply_triangle_mix(model, policy)
+        with torch.no_grad(), ctx:
+            logits = model(full, logits_to_keep=n + 1).logits[0, :-1].float()
+        tgt = full[0, -n:]
+        nll = torch.nn.functional.cross_entropy(logits, tgt, reduction="none")
+        out[f"nll_{name}"] = nll.mean().item()
+        out[f"nll_{name}_tokens"] = [round(x, 4) for x in nll.tolist()]
+        if name == "true":
+            out["token_acc"] = (logits.argmax(-1) == tgt).float().mean().item()
+    return out
+
+
 def perplexity(model, ids, policy, n_eval=256) -> float:
     with torch.no_grad(), apply_triangle_mix(model, policy):
         logits = model(ids, logits_to_keep=n_eval + 1).logits[0, :-1].float()
@@ -164,6 +192,21 @@ def run_kv(model, tok, log, policies, lengths, counts, seed_start=0):
                     f.write(json.dumps(row) + "\n")
 
 
+def run_kv_likelihood(model, tok, log, policies, lengths, counts, seed_start=0):
+    """:func:`kv_likelihood` on the prompts of :func:`run_kv` (same seeds)."""
+    for length, n in zip(lengths, counts, strict=True):
+        n_pairs = pairs_for_tokens(tok, length)
+        for seed in range(seed_start, n):
+            for name, pol in policies.items():
+                t = time.time()
+                r = kv_likelihood(model, tok, pol, n_pairs, 1000 * length + seed)
+                with log.open("a") as f:
+                    row = {"stage": "kv-likelihood", "policy": name, "length": length,
+                           "seed": seed, **r, "seconds": round(time.time() - t, 2),
+                           "device": str(model.device)}  # fmt: skip
+                    f.write(json.dumps(row) + "\n")
+
+
 def summarise(paths) -> str:
     """Markdown tables (Table 7 spans; passkey and KV accuracy with counts) from jsonl logs."""
     rows = [json.loads(x) for p in paths for x in pathlib.Path(p).read_text().splitlines() if x]
@@ -210,6 +253,34 @@ def summarise(paths) -> str:
                 cells.append(f"{sum(c)}/{len(c)}" if c else "-")
             lines.append(f"| {p} | " + " | ".join(cells) + " |")
         lines.append("")
+    kl = [r for r in rows if r.get("stage") == "kv-likelihood"]
+    if kl:
+        lines += [
+            "kv-likelihood (teacher-forced, App. A.1 prompts; mean over samples): NLL per token of the"
+            " true value and of a distractor value from the same prompt; the summed NLL of their first 4"
+            " tokens (where the choice of value is made) and the fraction of samples in which the true"
+            " value's first 4 tokens are more likely (0.5 = chance); the fraction of the true value's"
+            " tokens that are the greedy next token.",
+            "",
+            "| policy | samples | NLL true | NLL distractor | first 4 tokens: NLL true |"
+            " first 4 tokens: true more likely | token accuracy |",
+            "|---|---|---|---|---|---|---|",
+        ]
+
+        def head(r, name):
+            return sum(r[f"nll_{name}_tokens"][:4])
+
+        for p in dict.fromkeys(r["policy"] for r in kl):
+            rs = [r for r in kl if r["policy"] == p]
+            n = len(rs)
+            lines.append(
+                f"| {p} | {n} | {sum(r['nll_true'] for r in rs) / n:.3f} | "
+                f"{sum(r['nll_distractor'] for r in rs) / n:.3f} | "
+                f"{sum(head(r, 'true') for r in rs) / n:.3f} | "
+                f"{sum(head(r, 'true') < head(r, 'distractor') for r in rs) / n:.2f} | "
+                f"{sum(r['token_acc'] for r in rs) / n:.3f} |"
+            )
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -217,7 +288,9 @@ def main_v2(argv=None) -> bool:
     """The later stages alone (``--stages table7,passkey``), with a fixed start layer."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs/trianglemix")
-    ap.add_argument("--stages", required=True, help="comma list of table7, passkey, kv")
+    ap.add_argument(
+        "--stages", required=True, help="comma list of table7, passkey, kv, kv-likelihood"
+    )
     ap.add_argument("--start-layer", type=int, default=22)
     ap.add_argument("--table7-samples", type=int, default=100)
     ap.add_argument("--text-dir", default="../shared/papers")
@@ -249,7 +322,7 @@ def main_v2(argv=None) -> bool:
         n = table7(model, tok, out / "quality.jsonl", n_samples=a.table7_samples,
                    text_dir=a.text_dir, sink=a.table7_sink, window=a.table7_window, deep=16)  # fmt: skip
         print("table7 samples:", n)
-    if "passkey" in stages or "kv" in stages:
+    if "passkey" in stages or "kv" in stages or "kv-likelihood" in stages:
         allp = {
             "dense": LayerPolicy.dense(L),
             "trianglemix": LayerPolicy.triangle_from(L, a.start_layer),
@@ -272,6 +345,10 @@ def main_v2(argv=None) -> bool:
             run_kv(model, tok, out / "quality.jsonl", pols,
                    [int(x) for x in a.kv_lengths.split(",")],
                    [int(x) for x in a.kv_counts.split(",")], a.kv_seed_start)  # fmt: skip
+        if "kv-likelihood" in stages:
+            run_kv_likelihood(model, tok, out / "quality.jsonl", pols,
+                              [int(x) for x in a.kv_lengths.split(",")],
+                              [int(x) for x in a.kv_counts.split(",")], a.kv_seed_start)  # fmt: skip
     return True
 
 

@@ -23,6 +23,8 @@ from sparse_kernels import block_sparse_attention, triangle_attention
 from sparse_kernels.benchmarking import cuda_time_ms, env_info
 from sparse_kernels.block_sparse import triton as bs_triton
 from sparse_kernels.triangle import triton as tri_triton
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
 
 TRI_CANDIDATES = [
     dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
@@ -68,7 +70,7 @@ def _run_candidates(kernel, candidates, call, smoke, name, extra):
             _force(kernel, cfg)
             try:
                 out = call()
-            except Exception as e:  # noqa: BLE001 - a config that does not fit is reported, not fatal
+            except (OutOfResources, CompilationError) as e:  # reported, not fatal
                 rows.append(
                     dict(op=name, **extra, config=cfg, error=f"{type(e).__name__}: {e}"[:200])
                 )

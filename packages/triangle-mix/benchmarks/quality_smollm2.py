@@ -19,6 +19,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import random
 import time
 
 import torch
@@ -66,10 +67,18 @@ def kv_likelihood(model, tok, policy, n_pairs, seed) -> dict:
     same prompt) as the continuation of the prompt, and the fraction of the true value's tokens
     that are the model's greedy next token. Once a value has begun, copying the rest of a UUID
     from the context is easy; which value the model starts is decided by the first tokens."""
+    if n_pairs < 2:
+        raise ValueError(f"n_pairs: expected >= 2 (a distractor is needed), got {n_pairs}")
     s = kv_retrieval_prompt(n_pairs, seed)
-    other = kv_retrieval_prompt(n_pairs, seed, query_index=0)  # the same pairs (seeded)
-    if other.answer == s.answer:
-        other = kv_retrieval_prompt(n_pairs, seed, query_index=1 % n_pairs)
+    # The distractor: another pair of the same prompt (same seed, same pairs), at a position
+    # drawn from the seed, so that its distance from the question varies like the true one's.
+    true_i = next(
+        i
+        for i in range(n_pairs)
+        if kv_retrieval_prompt(n_pairs, seed, query_index=i).answer == s.answer
+    )
+    j = random.Random(seed + 1).randrange(n_pairs - 1)
+    other = kv_retrieval_prompt(n_pairs, seed, query_index=j + (j >= true_i))
     ids = encode_for_model(tok, s.prompt).to(model.device)
     out = {"tokens": ids.shape[1]}
     for name, value in (("true", s.answer), ("distractor", other.answer)):
@@ -259,7 +268,8 @@ def summarise(paths) -> str:
             "kv-likelihood (teacher-forced, App. A.1 prompts; mean over samples): NLL per token of the"
             " true value and of a distractor value from the same prompt; the summed NLL of their first 4"
             " tokens (where the choice of value is made) and the fraction of samples in which the true"
-            " value's first 4 tokens are more likely (0.5 = chance); the fraction of the true value's"
+            " value's first 4 tokens are more likely (0.5 if the model cannot tell the two apart; the"
+            " distractor's position is drawn from the seed); the fraction of the true value's"
             " tokens that are the greedy next token.",
             "",
             "| policy | samples | NLL true | NLL distractor | first 4 tokens: NLL true |"

@@ -143,16 +143,10 @@ def _permuted_blocks_inner(
             qk = tl.dot(q, k, input_precision="ieee")
         else:
             qk = tl.dot(q, k)
-        if HAS_KV_PERM and not HAS_PAIRS:
-            # Grid heads: a tile's keys come from all over the sequence, so the causal test would
-            # rarely spare the mask. Every tile is masked, as before the per-tile test (whose
-            # cost on these heads was not measured apart from run-to-run spread).
-            need = True
-        else:
-            need = start_p + BLOCK_N > S_KV
-            if APPLY_CAUSAL:
-                # Causality on ORIGINAL positions: that is what keeps a permuted causal head exact.
-                need = need | (tl.max(cols) > min_q_pos)
+        need = start_p + BLOCK_N > S_KV
+        if APPLY_CAUSAL:
+            # Causality on ORIGINAL positions: that is what keeps a permuted causal head exact.
+            need = need | (tl.max(cols) > min_q_pos)
         if HAS_PAIRS:
             bits = tl.load(pairs_base + (t // n_sub) * stride_pairs_n).to(tl.int64)
             k_mod = tl.load(kvmod_base + cols * stride_kvmod_s, mask=col_ok, other=0).to(tl.int32)

@@ -725,3 +725,18 @@ def test_autotune_off_keeps_one_dividing_config(monkeypatch):
     args = dict(q_block=128, kv_block=64, q_ptr=torch.empty(1, dtype=torch.float16))
     kept = pt._prune(pt._permuted_fwd_autotuned.configs, args)
     assert len(kept) == 1 and kept[0].kwargs["BLOCK_N"] == 64
+
+
+def test_grid_offsets_and_permutation_check_strides_without_reading_them():
+    from sparse_kernels.permuted import grid_line_offsets, grid_permutation
+
+    st = torch.tensor([3, 8])
+    with pytest.raises(ValueError, match="max_stride: expected an int >= 1, got 0"):
+        grid_line_offsets(100, st, 0, max_stride=0)
+    with pytest.raises(RuntimeError, match="at most max_stride=4"):
+        grid_line_offsets(100, st, 0, max_stride=4)
+    offs = grid_line_offsets(100, st, 0, max_stride=16)
+    with pytest.raises(RuntimeError, match="stride: expected every value >= 1"):
+        grid_permutation(100, torch.tensor([0, 8]), 0, offsets=offs)
+    with pytest.raises(ValueError, match=r"offsets: expected an int tensor \[2, W \+ 1\]"):
+        grid_permutation(100, st, 0, offsets=offs[0])

@@ -64,8 +64,8 @@ def grid_permutation(
             modulo the stride.
         device: where the result lives (default: the device of a tensor argument, else CPU).
         offsets: :func:`grid_line_offsets` of the same arguments, when the caller has it
-            (computed here otherwise). The strides are then not checked again: the check reads
-            them back from the device (a synchronisation on CUDA).
+            (computed here otherwise). The strides are then checked on the device
+            (``torch._assert_async``: an error without making the host wait for the values).
 
     Returns:
         ``Permutation(perm, inverse)``, int32, shape ``[H, S]`` (``H = 1`` for int arguments,
@@ -91,7 +91,19 @@ def grid_permutation(
     if offsets is None:
         offs = grid_line_offsets(S, st.expand(H), ph.expand(H), device=device)
     else:
+        if (
+            not isinstance(offsets, torch.Tensor)
+            or offsets.ndim != 2
+            or offsets.shape[0] not in (1, H)
+        ):
+            got = (
+                tuple(offsets.shape)
+                if isinstance(offsets, torch.Tensor)
+                else type(offsets).__name__
+            )
+            raise ValueError(f"offsets: expected an int tensor [{H}, W + 1], got {got}")
         offs = offsets.to(device=device, dtype=torch.int64)
+        _assert_strides(st, None)
     st = st.expand(H)[:, None]
     ph = ph.expand(H)[:, None]
     i = torch.arange(S, device=device, dtype=torch.int64)[None, :]
@@ -115,8 +127,9 @@ def grid_line_offsets(
     Returns int64 ``[H, W + 1]`` with ``W`` the largest stride: line ``c`` of head ``h``
     occupies permuted positions ``[offsets[h, c], offsets[h, c + 1])``; entries past a head's
     own stride equal ``S``. ``max_stride``: an upper bound on the strides known to the caller;
-    then ``W = max_stride`` and the strides are not read back from the device (no
-    synchronisation on CUDA; strides outside ``1 .. max_stride`` give wrong offsets).
+    then ``W = max_stride`` and the strides are not read back from the device: they are checked
+    against ``1 .. max_stride`` there (``torch._assert_async``; on CUDA a device-side assertion
+    instead of a synchronisation).
     """
     if device is None:
         for x in (stride, phase):
@@ -130,6 +143,10 @@ def grid_line_offsets(
         if bool((st < 1).any()):
             raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
         max_stride = int(st.max())
+    else:
+        if isinstance(max_stride, bool) or not isinstance(max_stride, int) or max_stride < 1:
+            raise ValueError(f"max_stride: expected an int >= 1, got {max_stride!r}")
+        _assert_strides(st, max_stride)
     H = max(st.numel(), ph.numel())
     st = st.expand(H)[:, None]
     ph = torch.remainder(ph.expand(H)[:, None], st)
@@ -139,6 +156,14 @@ def grid_line_offsets(
     count = torch.where(c < st, (S - first + st - 1).clamp_min(0) // st, 0)
     zero = torch.zeros(H, 1, dtype=torch.int64, device=device)
     return torch.cat([zero, torch.cumsum(count, dim=-1)], dim=-1)
+
+
+def _assert_strides(st: torch.Tensor, max_stride: int | None) -> None:
+    """Strides in ``1 .. max_stride`` (or >= 1), checked on the strides' device without reading
+    them back (on CUDA a failure is a device-side assertion)."""
+    ok = st >= 1 if max_stride is None else (st >= 1) & (st <= max_stride)
+    bound = "1" if max_stride is None else f"1 and at most max_stride={max_stride}"
+    torch._assert_async(ok.all(), f"stride: expected every value >= {bound}")
 
 
 def block_lists_from_mask(

@@ -61,6 +61,17 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+# bf16 outputs of two correct configs differ by rounding only (about 1e-3 here).
+MAX_REL_ERR = 2e-2
+
+
+def _check_flex(name: str, rel: float) -> None:
+    """The kernel as shipped (its own autotuning) must agree with FlexAttention on the same mask;
+    every forced config was compared with the first one before it was timed."""
+    if rel > MAX_REL_ERR:
+        raise SystemExit(f"{name}: ours vs FlexAttention relative error {rel:.2e} > {MAX_REL_ERR}")
+
+
 def _run_candidates(kernel, candidates, call, smoke, name, extra):
     saved = list(kernel.configs)
     rows = []
@@ -77,6 +88,13 @@ def _run_candidates(kernel, candidates, call, smoke, name, extra):
                 continue
             ref = out if ref is None else ref
             err = _rel(out, ref)
+            if err > MAX_REL_ERR:
+                # A config that computes something else is reported, not timed.
+                rows.append(
+                    dict(op=name, **extra, config=cfg, rel_err_vs_first=err, error="mismatch")
+                )
+                print(f"{name} {extra} {cfg}: MISMATCH (rel err vs first {err:.1e})", flush=True)
+                continue
             ms = _time(call, smoke)
             rows.append(dict(op=name, **extra, config=cfg, ms=ms, rel_err_vs_first=err))
             print(f"{name} {extra} {cfg}: {ms:.3f} ms (rel err vs first {err:.1e})", flush=True)
@@ -118,7 +136,9 @@ def tune_triangle(S: int, smoke: bool) -> list[dict]:
         bm = create_block_mask(mask_mod, None, None, S, S, device="cuda", _compile=True)
         flex = torch.compile(flex_attention, dynamic=False)
         fo = flex(q, k, v, block_mask=bm, enable_gqa=True)
-        rows.append(dict(op="triangle", S=S, config="flex", ms=_time(lambda: flex(q, k, v, block_mask=bm, enable_gqa=True), smoke), rel_err_vs_first=_rel(fo, call())))  # fmt: skip
+        rel = _rel(fo, call())
+        _check_flex("triangle", rel)
+        rows.append(dict(op="triangle", S=S, config="flex", ms=_time(lambda: flex(q, k, v, block_mask=bm, enable_gqa=True), smoke), rel_err_vs_first=rel))  # fmt: skip
         print(f"triangle S={S} flex: {rows[-1]['ms']:.3f} ms", flush=True)
     return rows
 
@@ -155,7 +175,9 @@ def tune_block_sparse(S: int, density: float, smoke: bool) -> list[dict]:
         flex = torch.compile(flex_attention, dynamic=False)
         fo = flex(q, k, v, block_mask=bm, enable_gqa=True)
         ms = _time(lambda: flex(q, k, v, block_mask=bm, enable_gqa=True), smoke)
-        rows.append(dict(op="block_sparse", S=S, density=density, config="flex", ms=ms, rel_err_vs_first=_rel(fo, call())))  # fmt: skip
+        rel = _rel(fo, call())
+        _check_flex("block_sparse", rel)
+        rows.append(dict(op="block_sparse", S=S, density=density, config="flex", ms=ms, rel_err_vs_first=rel))  # fmt: skip
         print(f"block_sparse S={S} d={density} flex: {ms:.3f} ms", flush=True)
     return rows
 

@@ -99,7 +99,10 @@ def _chosen_config() -> str | None:
     """The autotuned config of the block-sparse kernel (tiles, warps, stages)."""
     from sparse_kernels.block_sparse import triton as bs
 
-    return str(getattr(bs._block_sparse_fwd_kernel, "best_config", None))
+    cfg = getattr(
+        bs._block_sparse_fwd_kernel, "best_config", None
+    )  # set by the autotuner's first call
+    return None if cfg is None else str(cfg)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -118,4 +118,7 @@ def _chosen_config() -> str | None:
     """The autotuned config of the fused kernel (tile sizes, warps, stages)."""
     from sparse_kernels.triangle import triton as tri
 
-    return str(getattr(tri._triangle_fwd_kernel, "best_config", None))
+    cfg = getattr(
+        tri._triangle_fwd_kernel, "best_config", None
+    )  # set by the autotuner's first call
+    return None if cfg is None else str(cfg)

@@ -88,6 +88,7 @@ def test_sync_recorder_sees_each_kind_of_sync():
         "list-index-set": lambda: _set_heads(x.clone(), [1, 2]),
         "repeat_interleave": lambda: x.repeat_interleave(torch.full((6,), 2)),
         "tensor-on-device": lambda: torch.tensor([1, 2], device="cpu"),
+        "blocking-copy-across-devices": lambda: x.to("meta"),
     }
     for name, fn in cases.items():
         with SyncRecorder() as rec:
@@ -97,6 +98,7 @@ def test_sync_recorder_sees_each_kind_of_sync():
         x.repeat_interleave(torch.full((6,), 2), output_size=12)
         torch.tensor([1, 2])
         x[1:3] + x[torch.tensor([0, 2])]
+        x.to("meta", non_blocking=True)
     assert rec.events == []
 
 

@@ -272,19 +272,20 @@ def summarise(paths) -> str:
             " distractor's position is drawn from the seed); the fraction of the true value's"
             " tokens that are the greedy next token.",
             "",
-            "| policy | samples | NLL true | NLL distractor | first 4 tokens: NLL true |"
+            "| policy | length | samples | NLL true | NLL distractor | first 4 tokens: NLL true |"
             " first 4 tokens: true more likely | token accuracy |",
-            "|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|",
         ]
 
         def head(r, name):
             return sum(r[f"nll_{name}_tokens"][:4])
 
-        for p in dict.fromkeys(r["policy"] for r in kl):
-            rs = [r for r in kl if r["policy"] == p]
+        groups = dict.fromkeys((r["policy"], r["length"]) for r in kl)
+        for p, length in sorted(groups, key=lambda g: (g[1], list(groups).index(g))):
+            rs = [r for r in kl if (r["policy"], r["length"]) == (p, length)]
             n = len(rs)
             lines.append(
-                f"| {p} | {n} | {sum(r['nll_true'] for r in rs) / n:.3f} | "
+                f"| {p} | {length} | {n} | {sum(r['nll_true'] for r in rs) / n:.3f} | "
                 f"{sum(r['nll_distractor'] for r in rs) / n:.3f} | "
                 f"{sum(head(r, 'true') for r in rs) / n:.3f} | "
                 f"{sum(head(r, 'true') < head(r, 'distractor') for r in rs) / n:.2f} | "

@@ -86,14 +86,11 @@ def normalize_head_configs(head_config, H: int) -> list[HeadConfig]:
     return out
 
 
-def _per_head(cfgs: list, B: int, field: str, dev, base: str = "pattern") -> torch.Tensor:
+def _per_head(
+    cfgs: list, B: int, field: str, dev, base: str = "pattern", dtype=torch.int64
+) -> torch.Tensor:
     vals = [getattr(getattr(c, base), field) for c in cfgs]
-    return to_device(torch.tensor(vals, dtype=torch.int64), dev).repeat(B)  # [(B, Hg)] b-major
-
-
-def _per_flag(cfgs: list, B: int, field: str, dev) -> torch.Tensor:
-    vals = [getattr(c.pattern, field) for c in cfgs]
-    return to_device(torch.tensor(vals, dtype=torch.bool), dev).repeat(B)  # [(B, Hg)] b-major
+    return to_device(torch.tensor(vals, dtype=dtype), dev).repeat(B)  # [(B, Hg)] b-major
 
 
 def _topk_per_head(
@@ -520,7 +517,7 @@ def _plan_q_boundary_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     key = (mi[None] * S + line) * S + i[None]
     q_perm = torch.argsort(key, dim=-1).to(torch.int32)
     flags = {
-        f: _per_flag(cfgs, B, f, dev)[:, None, None]
+        f: _per_head(cfgs, B, f, dev, dtype=torch.bool)[:, None, None]
         for f in ("use_hline", "use_vline", "use_slash")
     }
 

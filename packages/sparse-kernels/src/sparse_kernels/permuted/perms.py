@@ -96,11 +96,7 @@ def grid_permutation(
             or offsets.ndim != 2
             or offsets.shape[0] not in (1, H)
         ):
-            got = (
-                tuple(offsets.shape)
-                if isinstance(offsets, torch.Tensor)
-                else type(offsets).__name__
-            )
+            got = getattr(offsets, "shape", type(offsets).__name__)
             raise ValueError(f"offsets: expected an int tensor [{H}, W + 1], got {got}")
         offs = offsets.to(device=device, dtype=torch.int64)
         _assert_strides(st, None)

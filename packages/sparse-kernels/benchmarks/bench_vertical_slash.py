@@ -61,29 +61,31 @@ def _indices(S):
 
 
 def _attended_pairs(idx) -> int:
-    """Pairs the index computes: range tiles (causal) plus leftover columns (causal)."""
-    S = idx.seq_len
-    tiles = idx.tile_mask()  # [B, H, NQB, NKB]
-    nqb, nkb = tiles.shape[-2:]
-    i = torch.arange(S, device=tiles.device)
-    # pairs of tile (m, n): rows of m times keys of n with j <= i
-    rows = torch.clamp(S - torch.arange(nqb, device=i.device) * BM, max=BM)
-    per_tile = torch.zeros(nqb, nkb, dtype=torch.int64, device=i.device)
-    for m in range(nqb):
-        r = i[m * BM : m * BM + int(rows[m])]
-        keys = torch.clamp(r[:, None] + 1 - torch.arange(nkb, device=i.device)[None, :] * BN, 0, BN)
-        per_tile[m] = keys.sum(0)
-    # one head at a time: an int64 [B, H, NQB, NKB] product is 15 GiB at 512K
-    tile_pairs = sum(
-        int((tiles[:, h].to(torch.int64) * per_tile).sum()) for h in range(tiles.shape[1])
-    )
+    """Pairs the index computes: range tiles (causal) plus leftover columns (causal), summed
+    over (batch, head) in closed form per range, so nothing is ``NQB x NKB`` (1M-token layers)."""
+    S, BM_, BN_ = idx.seq_len, idx.block_m, idx.block_n
+    dev = idx.range_start.device
+    nqb = idx.range_count.shape[-1]
+    first = (torch.arange(nqb, device=dev) * BM_)[:, None]  # first row of each query block
+    last = (torch.clamp((torch.arange(nqb, device=dev) + 1) * BM_, max=S) - 1)[:, None]
+
+    def upto(x, w):
+        """sum of clamp(t, 0, w) over integers t <= x."""
+        x = x.clamp_min(0)
+        return torch.where(x <= w, x * (x + 1) // 2, w * (w + 1) // 2 + (x - w) * w)
+
+    R = idx.range_start.shape[-1]
+    valid = torch.arange(R, device=dev) < idx.range_count[..., None]
+    k0 = idx.range_start.to(torch.int64) * BN_
+    w = (torch.clamp(idx.range_end.to(torch.int64) * BN_, max=S) - k0).clamp_min(0)
+    # row i sees clamp(i + 1 - k0, 0, w) keys of the range; summed over the block's rows
+    per_range = upto(last + 1 - k0, w) - upto(first - k0, w)
+    tile_pairs = int((per_range * valid).sum())
     C = idx.columns.shape[-1]
-    valid = torch.arange(C, device=i.device) < idx.column_count[..., None]
-    last = (torch.clamp((torch.arange(nqb, device=i.device) + 1) * BM, max=S) - 1)[:, None]
-    first = (torch.arange(nqb, device=i.device) * BM)[:, None]
+    cvalid = torch.arange(C, device=dev) < idx.column_count[..., None]
     cols = idx.columns.to(torch.int64)
     col_pairs = (last - torch.maximum(cols, first) + 1).clamp_min(0)
-    return tile_pairs + int((col_pairs * valid).sum())
+    return tile_pairs + int((col_pairs * cvalid).sum())
 
 
 @functools.cache

@@ -219,31 +219,72 @@ def build_vertical_slash_index(
         b = torch.searchsorted(sl, hi.expand(N, L).contiguous(), right=True)
         return (b > a) & (hi >= 0)
 
-    # A full-height tile (m, n) is crossed by diagonal o iff o lies in
-    # [max(0, t - BN + 1), t + BM - 1] with t = m*BM - n*BN: one lookup per distinct t.
+    # Tile (m, n) is crossed by diagonal o iff o lies in [max(0, t - BN + 1), t + BM - 1] with
+    # t = m*BM - n*BN. With g = gcd(BM, BN), a = BM/g and p = BN/g, t = tmin + g*u for the class
+    # index u = m*a + (nkb - 1 - n)*p, so one lookup per class covers every tile: row m reads the
+    # classes u = m*a + k*p, k = nkb - 1 - n = 0 .. nkb - 1. Nothing below is NQB x NKB.
     g = math.gcd(BM, BN)
+    a, p = BM // g, BN // g  # p == 2 only for BM=64, BN=128 (then a == 1)
     tmin = -(nkb - 1) * BN
-    ts = torch.arange(tmin, (nqb - 1) * BM + 1, g, device=dev)
-    cov_t = any_slash((ts - BN + 1).clamp_min(0), ts + BM - 1)
+    T = (nqb - 1) * a + (nkb - 1) * p + 1
+    ts = tmin + g * torch.arange(T, device=dev)
+    cov_t = any_slash((ts - BN + 1).clamp_min(0), ts + BM - 1)  # [N, T]
+    # Split the classes by residue mod p: row m reads seq[r_m, c_m + k] (r_m, c_m = divmod).
+    Lr = -(-T // p)
+    seq = torch.nn.functional.pad(cov_t, (0, Lr * p - T)).reshape(N, Lr, p).transpose(1, 2)
     m = torch.arange(nqb, device=dev)
-    n = torch.arange(nkb, device=dev)
-    tidx = ((m[:, None] * BM - n[None, :] * BN - tmin) // g).reshape(-1)
-    cov = cov_t[:, tidx].reshape(N, nqb, nkb)
+    r_m, c_m = (m * a) % p, (m * a) // p
     # The last query block may be short (rows up to S - 1 only): exact lookup for it.
+    n = torch.arange(nkb, device=dev)
     c0 = n * BN
-    cov[:, -1, :] = any_slash(((nqb - 1) * BM - c0 - BN + 1).clamp_min(0), S - 1 - c0)
+    cov_last = any_slash(((nqb - 1) * BM - c0 - BN + 1).clamp_min(0), S - 1 - c0)  # [N, NKB]
 
-    prev = torch.nn.functional.pad(cov[..., :-1], (1, 0))
-    nxt = torch.nn.functional.pad(cov[..., 1:], (0, 1))
-    starts = cov & ~prev
-    ends = cov & ~nxt
-    range_count = starts.sum(-1, dtype=torch.int32)
+    # Ranges = maximal runs of covered classes inside each row's window [c_m, c_m + nkb - 1],
+    # reversed (k grows as n falls). Runs are numbered along each residue's sequence.
+    prev = torch.nn.functional.pad(seq[..., :-1], (1, 0))
+    nxt = torch.nn.functional.pad(seq[..., 1:], (0, 1))
+    first, last = seq & ~prev, seq & ~nxt
+    runs = first.cumsum(-1, dtype=torch.int32)  # [N, p, Lr]: runs started at or before k
+    run_lo = torch.full((N, p, Lr + 1), Lr, dtype=torch.int32, device=dev)
+    run_hi = torch.full((N, p, Lr + 1), Lr, dtype=torch.int32, device=dev)
+    k_all = torch.arange(Lr, dtype=torch.int32, device=dev).expand(N, p, Lr)
+    run_lo.scatter_(-1, torch.where(first, runs - 1, Lr).long(), k_all)
+    run_hi.scatter_(-1, torch.where(last, runs - 1, Lr).long(), k_all)
+
+    def at(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """``x[n, r_m, k]`` for ``x`` ``[N, p, W]``; ``k`` ``[NQB]`` (one per row m) or
+        ``[N, NQB, R]``; the result has ``k``'s shape (``[N, NQB]`` for the first)."""
+        W = x.shape[-1]
+        if k.ndim == 1:
+            idx = (r_m * W + k)[None, :].expand(N, -1)
+        else:
+            idx = (r_m * W)[None, :, None] + k
+        flat = x.reshape(N, p * W).gather(1, idx.reshape(N, -1).long())
+        return flat.reshape(idx.shape)
+
+    lo, hi = c_m, c_m + nkb - 1
+    runs_hi = at(runs, hi)  # [N, NQB]
+    runs_before = torch.where(lo > 0, at(runs, (lo - 1).clamp_min(0)), 0)
+    carried = (at(seq, lo) & ~at(first, lo)).to(torch.int32)  # a run enters the window at lo
+    range_count = runs_hi - runs_before + carried
+
+    st_last = cov_last & ~torch.nn.functional.pad(cov_last[:, :-1], (1, 0))
+    en_last = cov_last & ~torch.nn.functional.pad(cov_last[:, 1:], (0, 1))
+    range_count[:, -1] = st_last.sum(-1, dtype=torch.int32)
 
     v = vertical_indices.reshape(N, -1).to(torch.int64)
     NV = v.shape[1]
     last_row = (torch.clamp((m + 1) * BM, max=S) - 1)[None, :, None]
     if NV > 0:
-        in_tile = torch.gather(cov, 2, (v // BN)[:, None, :].expand(N, nqb, NV))
+        # Tile of (row m, vertical v): class index c_m + (nkb - 1 - v // BN) of residue r_m.
+        kv = (nkb - 1 - v // BN)[:, None, :]  # [N, 1, NV]
+        in_tile = torch.empty(N, nqb, NV, dtype=torch.bool, device=dev)
+        step = a if p == 1 else 1
+        for r in range(p):
+            rows = slice(r, None, p)  # rows m with residue r (all rows when p == 1)
+            win = seq[:, r].unfold(-1, nkb, step)[:, : in_tile[:, rows].shape[1]]
+            in_tile[:, rows] = torch.gather(win, 2, kv.expand(N, win.shape[1], NV))
+        in_tile[:, -1] = torch.gather(cov_last, 1, v // BN)
         keep = ~in_tile & (v[:, None, :] <= last_row)
     else:
         keep = torch.zeros(N, nqb, 0, dtype=torch.bool, device=dev)
@@ -251,8 +292,21 @@ def build_vertical_slash_index(
 
     sizes = torch.stack([range_count.max(), column_count.max()]).tolist()
     R, C = (max(int(x), 1) for x in sizes)
-    range_start = _compact(starts, range_count, min(R, nkb), nkb, lambda nz: nz[:, 2])
-    range_end = _compact(ends, range_count, min(R, nkb), nkb + 1, lambda nz: nz[:, 2] + 1)
+    R = min(R, nkb)
+    # Range i of row m (ascending n) is run (runs_hi - 1 - i), clipped to the window.
+    i = torch.arange(R, device=dev)
+    ok = i < range_count[..., None]  # [N, NQB, R]
+    j = (runs_hi[..., None] - 1 - i).clamp_min(0)
+    k_lo = torch.maximum(at(run_lo, j), lo[:, None])
+    k_hi = torch.minimum(at(run_hi, j), hi[:, None])
+    range_start = torch.where(ok, nkb - 1 - (k_hi - c_m[:, None]), nkb).to(torch.int32)
+    range_end = torch.where(ok, nkb - (k_lo - c_m[:, None]), nkb + 1).to(torch.int32)
+    range_start[:, -1] = _compact(
+        st_last[:, None], range_count[:, -1:], R, nkb, lambda nz: nz[:, 2]
+    )[:, 0]
+    range_end[:, -1] = _compact(
+        en_last[:, None], range_count[:, -1:], R, nkb + 1, lambda nz: nz[:, 2] + 1
+    )[:, 0]
     if NV > 0:
         columns = _compact(keep, column_count, min(C, NV), S, lambda nz: v[nz[:, 0], nz[:, 2]])
     else:

@@ -7,5 +7,15 @@ from pathlib import Path
 for path in sys.argv[1:]:
     for b in json.loads(Path(path).read_text())["benchmarks"]:
         x = b["extra_info"]
-        keep = {k: x[k] for k in ("useful_tflops", "config") if x.get(k) is not None}
+        keep = {
+            k: x[k]
+            for k in (
+                "useful_tflops",
+                "config",
+                "estimation_ms",
+                "estimation_over_kernel",
+                "attended_fraction",
+            )
+            if x.get(k) is not None
+        }
         print(f"{b['name']:70s} {b['stats']['median'] * 1e3:10.3f} ms {keep}")

@@ -350,6 +350,24 @@ def test_grid_permutation_matches_python_definition():
     assert torch.equal(grid_permutation(S, stride, phase, offsets=wide).perm, p.perm)
 
 
+@pytest.mark.parametrize("S", [1, 7, 53, 256, 1000, 3001])
+def test_grid_permutation_triton_equals_reference(S):
+    """The one-pass kernel (arithmetic line starts, binary search) against the torch path, with
+    strides below, at and above S, phases of any sign, and the bound from an offsets table."""
+    stride = torch.tensor([1, 2, 4, 7, 53, 60, 256, 257, 4096])
+    phase = torch.tensor([0, -1, 2, 12, -3, 59, 37, 1000, -5000])
+    ref = grid_permutation(S, stride, phase, impl="reference")
+    got = grid_permutation(S, stride.to(DEV), phase.to(DEV), impl="triton")
+    assert torch.equal(got.perm.cpu(), ref.perm) and torch.equal(got.inverse.cpu(), ref.inverse)
+    offs = grid_line_offsets(S, stride, phase, max_stride=5000).to(DEV)
+    wide = grid_permutation(S, stride.to(DEV), phase.to(DEV), offsets=offs, impl="triton")
+    assert torch.equal(wide.perm.cpu(), ref.perm)
+    one = grid_permutation(S, 6, 4, device=DEV, impl="triton")
+    assert torch.equal(one.perm.cpu(), grid_permutation(S, 6, 4, impl="reference").perm)
+    with pytest.raises(ValueError, match="stride: expected every value >= 1"):
+        grid_permutation(S, 0, device=DEV, impl="triton")
+
+
 @pytest.mark.parametrize("max_blocks", [None, 9], ids=["tight", "padded"])
 def test_block_lists_from_mask_round_trip(max_blocks):
     from sparse_kernels.permuted.reference import block_list_mask
@@ -366,6 +384,25 @@ def test_block_lists_from_mask_round_trip(max_blocks):
         block_lists_from_mask(torch.ones(1, 4, dtype=torch.bool), max_blocks=3)
     with pytest.raises(TypeError, match="bool"):
         block_lists_from_mask(mask.int())
+
+
+@pytest.mark.parametrize("width", [1, 33, 127, 128, 300], ids=lambda w: f"W{w}")
+def test_compact_by_mask_matches_a_stable_sort(width):
+    """Narrow rows take the transposed-scan path, wide rows the innermost scan: both must give
+    what a stable sort of ``~mask`` gathers."""
+    from sparse_kernels.permuted.perms import compact_by_mask
+
+    mask = torch.rand(3, 7, width, generator=_gen(width)) < 0.3
+    mask[1, 2] = False  # an empty row
+    values = torch.randint(0, 1000, (3, 7, width), generator=_gen(1), dtype=torch.int32)
+    out, cnt = compact_by_mask(mask.to(DEV), values.to(DEV))
+    order = torch.sort((~mask).to(torch.int8), dim=-1, stable=True).indices
+    want = torch.where(
+        torch.arange(width) < mask.sum(-1, keepdim=True), values.gather(-1, order), 0
+    )
+    wmax = max(1, int(mask.sum(-1).max()))
+    assert torch.equal(cnt.cpu(), mask.sum(-1).to(torch.int32))
+    assert torch.equal(out.cpu(), want[..., :wmax])
 
 
 def test_per_head_permutations_in_one_launch_match_per_head_calls():

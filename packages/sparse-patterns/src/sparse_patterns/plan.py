@@ -346,11 +346,7 @@ def grid_block_mask(
     """
     nkb = -(-S // blk)
     dev = perm.device
-    pad = nkb * blk - S
-    p = torch.nn.functional.pad(perm.long(), (0, pad), value=S)
-    kmin = p.reshape(-1, nkb, blk).amin(-1)  # [N, NKB]
-    p2 = torch.nn.functional.pad(perm.long(), (0, pad), value=-1)
-    qmax = p2.reshape(-1, nkb, blk).amax(-1)  # [N, NQB]
+    kmin, qmax = _block_min_max(perm, blk)  # [N, NKB], [N, NQB]
     offs = offsets.to(dev)
     first_r = torch.arange(nkb, device=dev) * blk
     last_r = torch.clamp(first_r + blk, max=S) - 1
@@ -426,6 +422,20 @@ def lists_from_element_chunks(
     return idx, torch.cat(cnt_chunks, dim=1)
 
 
+def _block_min_max(perm: torch.Tensor, blk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``[N, NB]``: smallest and largest original index in each block of ``blk`` permuted
+    positions (the last block may be short). Reduced in ``perm``'s dtype, without a padded
+    int64 copy of the whole ``[N, S]`` array."""
+    N, S = perm.shape
+    whole = S // blk * blk
+    body = perm[:, :whole].reshape(N, S // blk, blk)
+    lo, hi = body.amin(-1), body.amax(-1)
+    if whole < S:
+        lo = torch.cat([lo, perm[:, whole:].amin(-1, keepdim=True)], 1)
+        hi = torch.cat([hi, perm[:, whole:].amax(-1, keepdim=True)], 1)
+    return lo.long(), hi.long()
+
+
 def grid_lists(
     perm: torch.Tensor,
     offsets: torch.Tensor,
@@ -441,9 +451,7 @@ def grid_lists(
     N = perm.shape[0]
     nkb = -(-S // blk)
     dev = perm.device
-    pad = nkb * blk - S
-    kmin = torch.nn.functional.pad(perm.long(), (0, pad), value=S).reshape(N, nkb, blk).amin(-1)
-    qmax = torch.nn.functional.pad(perm.long(), (0, pad), value=-1).reshape(N, nkb, blk).amax(-1)
+    kmin, qmax = _block_min_max(perm, blk)
     offs = offsets.to(dev)
     first_r = torch.arange(nkb, device=dev) * blk
     last_r = torch.clamp(first_r + blk, max=S) - 1

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import LOG2E, autotune_off, block_d, configs, on_interpreter, seq_bucket
+from .._triton.config import LOG2E, autotune_off, block_d, configs, on_interpreter
 
 
 def _prune_lines(configs_, named_args, **kwargs):
@@ -62,28 +62,6 @@ def _rows_and_keys(
     return q, kb
 
 
-def _prune_lse(configs_, named_args, **kwargs):
-    """fp32 (exact dots) and autotune-off runs: the smallest config."""
-    if on_interpreter():
-        return configs_
-    if named_args["q_ptr"].dtype == torch.float32 or autotune_off():
-        return [min(configs_, key=lambda c: (c.kwargs["BLOCK_N"], c.num_warps, c.num_stages))]
-    return configs_
-
-
-@triton.autotune(
-    configs=configs(
-        [
-            dict(BLOCK_N=64, num_warps=4, num_stages=1),
-            dict(BLOCK_N=64, num_warps=4, num_stages=3),
-            dict(BLOCK_N=128, num_warps=4, num_stages=3),
-            dict(BLOCK_N=128, num_warps=8, num_stages=3),
-        ],
-        dict(BLOCK_N=64),
-    ),
-    key=["D", "BLOCK_L", "IEEE", "SEQ_BUCKET"],
-    prune_configs_by={"early_config_prune": _prune_lse},
-)
 @triton.jit
 def _lse_kernel(
     q_ptr,
@@ -104,7 +82,6 @@ def _lse_kernel(
     chunk,
     n_chunks,
     qk_scale,
-    SEQ_BUCKET,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_L: tl.constexpr,
@@ -266,7 +243,7 @@ def _lines_kernel(
         p_prev = p_cur
 
 
-_CHUNK_UNIT = 128  # key chunks are multiples of every BLOCK_N of the pass-1 autotune list
+_BLOCK_N = 64
 
 
 def line_scores_triton(
@@ -276,10 +253,8 @@ def line_scores_triton(
     *,
     scale: float,
     config: triton.Config | None = None,
-    lse_config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``config`` / ``lse_config``: run pass 2 / pass 1 with this autotune config instead of
-    tuning (tests)."""
+    """``config``: run pass 2 with this autotune config instead of tuning (tests)."""
     B, H, L, D = q_rows.shape
     H_KV, S = k.shape[1], k.shape[2]
     q_rows = q_rows if q_rows.stride(-1) == 1 else q_rows.contiguous()
@@ -291,24 +266,18 @@ def line_scores_triton(
     dev = q_rows.device
     n_keys = min(S, row_start + L)
     # Key chunks: enough programs to fill the GPU without a long serial walk per program.
-    chunk = triton.cdiv(n_keys, 64 * _CHUNK_UNIT) * _CHUNK_UNIT
+    chunk = triton.cdiv(n_keys, 64 * _BLOCK_N) * _BLOCK_N
     n_chunks = triton.cdiv(n_keys, chunk)
     m = torch.empty(B * H, n_chunks, BLOCK_L, dtype=torch.float32, device=dev)
     lsum = torch.empty_like(m)
-    lse_args = (
+    _lse_kernel[(n_chunks, B * H)](
         q_rows, k, m, lsum,
         q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
-        H, H // H_KV, L, S, row_start, chunk, n_chunks, qk_scale, seq_bucket(n_keys),
+        H, H // H_KV, L, S, row_start, chunk, n_chunks, qk_scale,
+        D=D, BLOCK_D=BD, BLOCK_L=BLOCK_L, BLOCK_N=_BLOCK_N, IEEE=ieee,
+        num_warps=4, num_stages=1 if on_interpreter() else 3,
     )  # fmt: skip
-    lse_meta = dict(D=D, BLOCK_D=BD, BLOCK_L=BLOCK_L, IEEE=ieee)
-    if lse_config is None:
-        _lse_kernel[(n_chunks, B * H)](*lse_args, **lse_meta)
-    else:
-        _lse_kernel.fn[(n_chunks, B * H)](
-            *lse_args, **lse_meta, **lse_config.kwargs, num_warps=lse_config.num_warps,
-            num_stages=lse_config.num_stages,
-        )  # fmt: skip
     mx = m.amax(dim=1)
     mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
     lse = (mx + torch.log2((lsum * torch.exp2(m - mx[:, None])).sum(dim=1))).contiguous()

@@ -72,6 +72,41 @@ def prune_fp32(configs_, named_args, **kwargs):
     return [smallest(configs_)] if autotune_off() else configs_
 
 
+# Autotuning times each config with ``triton.testing.do_bench`` by default: at least 8 calls (one,
+# five to estimate the time, one warm-up, one timed). One call on a 1M-token layer takes seconds
+# (dense attention: about 16 s on an H100), so that is minutes per config. A config whose first
+# timed call already takes LONG_CALL_MS is timed by that call alone.
+LONG_CALL_MS = 20.0
+
+
+def _time_one_call(fn) -> float:
+    """Milliseconds of one call of ``fn`` (CUDA events)."""
+    import torch
+
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _triton_bench(fn, quantiles):
+    return triton.testing.do_bench(fn, quantiles=quantiles)
+
+
+def bench_config(kernel_call, quantiles=None):
+    """``do_bench`` for ``triton.autotune``: one untimed call (compilation, caches), one timed
+    call, and Triton's own repeated benchmark only when that call took less than
+    ``LONG_CALL_MS``. Long configs thus cost 2 calls each instead of at least 8."""
+    kernel_call()
+    ms = _time_one_call(kernel_call)
+    if ms < LONG_CALL_MS:
+        return _triton_bench(kernel_call, quantiles)
+    return ms if quantiles is None else [ms] * len(quantiles)
+
+
 def seq_bucket(n: int) -> int:
     """Sequence-length bucket for autotune keys, one per factor of 4 in length: (8K, 32K],
     (32K, 128K], (128K, 512K], (512K, 2M] are buckets 7-10. A config tuned once at the first

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import block_d, configs, prune_fp32, seq_bucket
+from .._triton.config import bench_config, block_d, configs, prune_fp32, seq_bucket
 from .._triton.inner import _attn_tile_inner
 
 _GPU_CONFIGS = [
@@ -28,6 +28,7 @@ _INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
     key=["D", "IS_CAUSAL", "IEEE", "SEQ_BUCKET"],
+    do_bench=bench_config,
     prune_configs_by={"early_config_prune": prune_fp32},
 )
 @triton.jit

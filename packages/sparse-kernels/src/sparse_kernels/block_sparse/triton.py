@@ -14,7 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import autotune_off, block_d, configs, on_interpreter, seq_bucket, smallest
+from .._triton.config import (
+    autotune_off,
+    bench_config,
+    block_d,
+    configs,
+    on_interpreter,
+    seq_bucket,
+    smallest,
+)
 
 _GPU_CONFIGS = [
     dict(TILE_M=128, TILE_N=128, num_warps=8, num_stages=3),
@@ -97,6 +105,7 @@ def _walk_list(
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
     key=["D", "IS_CAUSAL", "IEEE", "MASK_BM", "MASK_BN", "HAS_FULL", "SEQ_BUCKET"],
+    do_bench=bench_config,
     prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit

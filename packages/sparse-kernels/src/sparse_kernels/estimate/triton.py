@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import LOG2E, autotune_off, block_d, configs, on_interpreter
+from .._triton.config import LOG2E, autotune_off, bench_config, block_d, configs, on_interpreter
 
 
 def _prune_lines(configs_, named_args, **kwargs):
@@ -173,6 +173,7 @@ def _prob_tile(
         dict(OB_PER=2),
     ),
     key=["D", "BLOCK_L", "IEEE"],
+    do_bench=bench_config,
     prune_configs_by={"early_config_prune": _prune_lines},
 )
 @triton.jit

@@ -15,7 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import FP32_CONFIG, autotune_off, block_d, on_interpreter, smallest
+from .._triton.config import (
+    FP32_CONFIG,
+    autotune_off,
+    bench_config,
+    block_d,
+    on_interpreter,
+    smallest,
+)
 from .reference import MAX_MODALITIES
 
 # Tile sizes must divide the block sizes of the block structure; the prune hook keeps those that do.
@@ -359,6 +366,7 @@ _permuted_fwd_autotuned = triton.autotune(
         "q_block",
         "kv_block",
     ],
+    do_bench=bench_config,
     prune_configs_by={"early_config_prune": _prune},
 )(_permuted_fwd_kernel)
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import block_d, configs, prune_fp32, seq_bucket
+from .._triton.config import bench_config, block_d, configs, prune_fp32, seq_bucket
 from .._triton.inner import _attn_tile_inner
 
 _GPU_CONFIGS = [
@@ -34,6 +34,7 @@ _CHUNK_ALIGN = 128
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
     key=["D", "IEEE", "SINK_N", "SEQ_BUCKET"],
+    do_bench=bench_config,
     prune_configs_by={"early_config_prune": prune_fp32},
 )
 @triton.jit

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import FP32_CONFIG, block_d, configs, on_interpreter
+from .._triton.config import FP32_CONFIG, bench_config, block_d, configs, on_interpreter
 from .._triton.inner import _attn_tile_inner
 
 _GPU_CONFIGS = [
@@ -26,6 +26,7 @@ _GPU_CONFIGS = [
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, {}),
     key=["D", "IEEE", "BLOCK_M", "BLOCK_N", "TILE_N"],
+    do_bench=bench_config,
 )
 @triton.jit
 def _vertical_slash_fwd_kernel(

@@ -95,8 +95,9 @@ def _mask(S, density):
         return q_idx >= kv_idx
 
     bm = BlockMask.from_kv_blocks(
-        pn, pi, fn, fi, BLOCK_SIZE=BLOCK, mask_mod=causal, compute_q_blocks=not lean
-    )
+        pn, pi, fn, fi, BLOCK_SIZE=BLOCK, mask_mod=causal, seq_lengths=(S, S),
+        compute_q_blocks=not lean,
+    )  # fmt: skip
     # attended (query, key) pairs summed over (batch, head)
     pairs = int(sel.sum()) * BLOCK * BLOCK + B * H * nb * BLOCK * (BLOCK + 1) // 2
     listed = (int(sel.sum()) + B * H * nb) / (B * H * nb * (nb + 1) / 2)

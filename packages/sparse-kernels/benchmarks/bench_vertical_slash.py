@@ -63,11 +63,11 @@ def _indices(S):
 def _attended_pairs(idx) -> int:
     """Pairs the index computes: range tiles (causal) plus leftover columns (causal), summed
     over (batch, head) in closed form per range, so nothing is ``NQB x NKB`` (1M-token layers)."""
-    S, BM_, BN_ = idx.seq_len, idx.block_m, idx.block_n
+    S, BM, BN = idx.seq_len, idx.block_m, idx.block_n
     dev = idx.range_start.device
     nqb = idx.range_count.shape[-1]
-    first = (torch.arange(nqb, device=dev) * BM_)[:, None]  # first row of each query block
-    last = (torch.clamp((torch.arange(nqb, device=dev) + 1) * BM_, max=S) - 1)[:, None]
+    first = (torch.arange(nqb, device=dev) * BM)[:, None]  # first row of each query block
+    last = (torch.clamp((torch.arange(nqb, device=dev) + 1) * BM, max=S) - 1)[:, None]
 
     def upto(x, w):
         """sum of clamp(t, 0, w) over integers t <= x."""
@@ -76,8 +76,8 @@ def _attended_pairs(idx) -> int:
 
     R = idx.range_start.shape[-1]
     valid = torch.arange(R, device=dev) < idx.range_count[..., None]
-    k0 = idx.range_start.to(torch.int64) * BN_
-    w = (torch.clamp(idx.range_end.to(torch.int64) * BN_, max=S) - k0).clamp_min(0)
+    k0 = idx.range_start.to(torch.int64) * BN
+    w = (torch.clamp(idx.range_end.to(torch.int64) * BN, max=S) - k0).clamp_min(0)
     # row i sees clamp(i + 1 - k0, 0, w) keys of the range; summed over the block's rows
     per_range = upto(last + 1 - k0, w) - upto(first - k0, w)
     tile_pairs = int((per_range * valid).sum())

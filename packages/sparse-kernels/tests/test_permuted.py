@@ -350,7 +350,7 @@ def test_grid_permutation_matches_python_definition():
     assert torch.equal(grid_permutation(S, stride, phase, offsets=wide).perm, p.perm)
 
 
-@pytest.mark.parametrize("S", [1, 7, 53, 256, 1000, 3001])
+@pytest.mark.parametrize("S", [1, 7, 53, 256, 1000, 3001], ids=lambda s: f"S{s}")
 def test_grid_permutation_triton_equals_reference(S):
     """The one-pass kernel (arithmetic line starts, binary search) against the torch path, with
     strides below, at and above S, phases of any sign, and the bound from an offsets table."""
@@ -366,6 +366,8 @@ def test_grid_permutation_triton_equals_reference(S):
     assert torch.equal(one.perm.cpu(), grid_permutation(S, 6, 4, impl="reference").perm)
     with pytest.raises(ValueError, match="stride: expected every value >= 1"):
         grid_permutation(S, 0, device=DEV, impl="triton")
+    with pytest.raises(NotImplementedError, match="int32"):
+        grid_permutation(S, 2**30, device=DEV, impl="triton")
 
 
 @pytest.mark.parametrize("max_blocks", [None, 9], ids=["tight", "padded"])

@@ -104,7 +104,10 @@ def bench_config(kernel_call, quantiles=None):
     ms = _time_one_call(kernel_call)
     if ms < LONG_CALL_MS:
         return _triton_bench(kernel_call, quantiles)
-    return ms if quantiles is None else [ms] * len(quantiles)
+    # the shapes triton.testing.do_bench returns: a float, or one value per quantile (a float for one)
+    if quantiles is None or len(quantiles) == 1:
+        return ms
+    return [ms] * len(quantiles)
 
 
 def seq_bucket(n: int) -> int:

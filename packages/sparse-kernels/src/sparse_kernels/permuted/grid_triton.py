@@ -25,7 +25,7 @@ def _line_start(c, ph, st, q, r):
 
 
 @triton.jit
-def _grid_perm_kernel(
+def _grid_permutation_fwd_kernel(
     st_ptr, ph_ptr, perm_ptr, inv_ptr, S, BLOCK: tl.constexpr, STEPS: tl.constexpr
 ):
     pid = tl.program_id(0)
@@ -50,7 +50,7 @@ def _grid_perm_kernel(
     tl.store(perm_ptr + row + i, first + st * (i - _line_start(lo, ph, st, q, r)), mask=ok)
 
 
-def grid_permutation_triton(
+def _launch_grid_permutation_fwd(
     S: int, stride: torch.Tensor, phase: torch.Tensor, max_stride: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(perm, inverse)`` int32 ``[H, S]``. ``stride``/``phase``: int ``[H]`` on one device,
@@ -61,5 +61,7 @@ def grid_permutation_triton(
     perm = torch.empty(H, S, dtype=torch.int32, device=stride.device)
     inv = torch.empty_like(perm)
     steps = max(1, int(max_stride).bit_length())
-    _grid_perm_kernel[(triton.cdiv(S, _BLOCK), H)](st, ph, perm, inv, S, BLOCK=_BLOCK, STEPS=steps)
+    _grid_permutation_fwd_kernel[(triton.cdiv(S, _BLOCK), H)](
+        st, ph, perm, inv, S, BLOCK=_BLOCK, STEPS=steps
+    )
     return perm, inv

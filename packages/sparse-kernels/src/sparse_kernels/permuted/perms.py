@@ -102,7 +102,7 @@ def grid_permutation(
     if resolve_impl(impl, device, "grid_permutation") == "triton":
         if offsets is not None:  # its width bounds the strides (checked on the device)
             bound = max(offsets.shape[1] - 1, 1)
-            _assert_strides(st, bound)
+            _assert_strides(st, bound, "the offsets' width W")
         elif isinstance(stride, int):
             if stride < 1:
                 raise ValueError(f"stride: expected every value >= 1, got min {stride}")
@@ -111,9 +111,14 @@ def grid_permutation(
             if bool((st < 1).any()):
                 raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
             bound = int(st.max())
-        from .grid_triton import grid_permutation_triton
+        if bound >= 2**30 or S >= 2**31:
+            raise NotImplementedError(
+                f"grid_permutation: impl='triton' computes in int32 and needs strides < 2**30 and "
+                f"S < 2**31, got a stride bound of {bound} and S={S}; use impl='reference'"
+            )
+        from .grid_triton import _launch_grid_permutation_fwd
 
-        return Permutation(*grid_permutation_triton(S, st.expand(H), ph.expand(H), bound))
+        return Permutation(*_launch_grid_permutation_fwd(S, st.expand(H), ph.expand(H), bound))
     if offsets is None:
         offs = grid_line_offsets(S, st.expand(H), ph.expand(H), device=device)
     else:
@@ -173,11 +178,11 @@ def grid_line_offsets(
     return torch.cat([zero, torch.cumsum(count, dim=-1)], dim=-1)
 
 
-def _assert_strides(st: torch.Tensor, max_stride: int | None) -> None:
+def _assert_strides(st: torch.Tensor, max_stride: int | None, what: str = "max_stride") -> None:
     """Strides in ``1 .. max_stride`` (or >= 1), checked on the strides' device without reading
-    them back (on CUDA a failure is a device-side assertion)."""
+    them back (on CUDA a failure is a device-side assertion). ``what`` names the bound."""
     ok = st >= 1 if max_stride is None else (st >= 1) & (st <= max_stride)
-    bound = "1" if max_stride is None else f"1 and at most max_stride={max_stride}"
+    bound = "1" if max_stride is None else f"1 and at most {what}={max_stride}"
     torch._assert_async(ok.all(), f"stride: expected every value >= {bound}")
 
 
@@ -248,7 +253,7 @@ def _running_count(mask: torch.Tensor) -> torch.Tensor:
     its own (0.66 ms for 114688 rows of 33 at 512K tokens, H100), the outer-dim scan walks all
     rows at once."""
     W = mask.shape[-1]
-    if W == 0 or W >= _NARROW or mask.numel() == 0:
+    if W >= _NARROW or mask.numel() == 0:
         return mask.cumsum(-1, dtype=torch.int32)
     flat = mask.reshape(-1, W).t().contiguous()  # [W, rows]
     return flat.cumsum(0, dtype=torch.int32).t().reshape(mask.shape)

@@ -224,7 +224,7 @@ def build_vertical_slash_index(
     # index u = m*a + (nkb - 1 - n)*p, so one lookup per class covers every tile: row m reads the
     # classes u = m*a + k*p, k = nkb - 1 - n = 0 .. nkb - 1. Nothing below is NQB x NKB.
     g = math.gcd(BM, BN)
-    a, p = BM // g, BN // g  # p == 2 only for BM=64, BN=128 (then a == 1)
+    a, p = BM // g, BN // g  # coprime; p == 2 for BM=64, BN=128
     tmin = -(nkb - 1) * BN
     T = (nqb - 1) * a + (nkb - 1) * p + 1
     ts = tmin + g * torch.arange(T, device=dev)
@@ -279,11 +279,14 @@ def build_vertical_slash_index(
         # Tile of (row m, vertical v): class index c_m + (nkb - 1 - v // BN) of residue r_m.
         kv = (nkb - 1 - v // BN)[:, None, :]  # [N, 1, NV]
         in_tile = torch.empty(N, nqb, NV, dtype=torch.bool, device=dev)
-        step = a if p == 1 else 1
         for r in range(p):
-            rows = slice(r, None, p)  # rows m with residue r (all rows when p == 1)
-            win = seq[:, r].unfold(-1, nkb, step)[:, : in_tile[:, rows].shape[1]]
-            in_tile[:, rows] = torch.gather(win, 2, kv.expand(N, win.shape[1], NV))
+            # rows m = r, r + p, ...: residue (r*a) % p, windows starting at (r*a) // p, a apart
+            rows = slice(r, None, p)
+            n_rows = len(range(r, nqb, p))
+            if n_rows == 0:
+                continue
+            win = seq[:, (r * a) % p, (r * a) // p :].unfold(-1, nkb, a)[:, :n_rows]
+            in_tile[:, rows] = torch.gather(win, 2, kv.expand(N, n_rows, NV))
         in_tile[:, -1] = torch.gather(cov_last, 1, v // BN)
         keep = ~in_tile & (v[:, None, :] <= last_row)
     else:

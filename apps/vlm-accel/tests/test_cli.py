@@ -172,8 +172,11 @@ def test_chunked_norms_and_mlp_restored_and_bad_chunk():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "extra", [[], ["--warmup-tokens", "512", "--single-pass"]], ids=["full-warmup", "short-warmup"]
-)
+    "extra",
+    [[], ["--warmup-tokens", "512", "--single-pass"],
+     ["--warmup-tokens", "512", "--single-pass", "--tune-full-length"]],
+    ids=["full-warmup", "short-warmup", "short-warmup-tuned"],
+)  # fmt: skip
 def test_bench_ttft_smoke(tmp_path, extra):
     """The GPU benchmark's logic end to end at a tiny CPU shape (also the 1M-row mode: a short
     warm-up, one event-timed pass per row)."""
@@ -191,6 +194,36 @@ def test_bench_ttft_smoke(tmp_path, extra):
     assert all(r["last_hidden_cosine_vs_first_method"] > 0.99 for r in rows)
     assert all(r["single_pass"] == bool(extra) and len(r["times_s"]) == 1 for r in rows)
     assert all(r["warmup_tokens"] == (512 if extra else r["tokens"]) for r in rows)
+    tuned = "--tune-full-length" in extra
+    assert [r["tuned_at_full_length"] for r in rows] == [
+        tuned and m != "dense" for m in mod.METHODS
+    ]
+
+
+def test_bench_ttft_tuning_pass_runs_one_layer_per_kind_and_restores_the_model(monkeypatch):
+    """The full-length tuning pass runs layers 0, start and last only (with their own indices)
+    and puts the whole layer list back."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "bench_ttft.py"
+    spec = importlib.util.spec_from_file_location("bench_ttft", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    dims = dict(mod.SMOKE)
+    model = mod._model(dims, "cpu", torch.float32)
+    before = list(model.layers)
+    seen = []
+    for layer in before:
+        layer.register_forward_pre_hook(lambda m, a: seen.append(m.self_attn.layer_idx))
+    S = 2 * mod.TEXT + 4 * dims["tpf"]
+    timer = mod._Timer("cpu")
+    mod._tune_at_length(
+        model, "mminference+trianglemix", dims, torch.randn(1, S, dims["hidden"]),
+        mod._positions(S, dims["tpf"], "cpu"), mod._layout(S, dims["tpf"], "cpu"), timer, 4096,
+    )  # fmt: skip
+    assert seen == [0, dims["start"], dims["layers"] - 1]
+    assert list(model.layers) == before
 
 
 def test_video_inputs_carry_mm_token_type_ids_for_mrope():

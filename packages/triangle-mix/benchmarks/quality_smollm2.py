@@ -292,7 +292,41 @@ def summarise(paths) -> str:
                 f"{sum(r['token_acc'] for r in rs) / n:.3f} |"
             )
         lines.append("")
+        lines += _paired_vs_dense(kl)
     return "\n".join(lines)
+
+
+def _paired_vs_dense(kl) -> list[str]:
+    """Per length, over the samples every policy ran on: each policy's NLL of the true value
+    against dense's on the same prompt (largest gap, mean difference, ratio of means)."""
+    by: dict = {}
+    for r in kl:
+        by.setdefault((r["length"], r["seed"]), {})[r["policy"]] = r
+    pols = list(dict.fromkeys(r["policy"] for r in kl))
+    if "dense" not in pols:
+        return []
+    lines = [
+        "NLL of the true value against dense on the same prompt (samples every policy ran on):",
+        "",
+        "| policy | length | samples | largest abs difference | mean difference | ratio of means |",
+        "|---|---|---|---|---|---|",
+    ]
+    for length in sorted({k[0] for k in by}):
+        full = [v for k, v in by.items() if k[0] == length and all(p in v for p in pols)]
+        if not full:
+            continue
+        dense = [v["dense"]["nll_true"] for v in full]
+        for p in pols:
+            if p == "dense":
+                continue
+            x = [v[p]["nll_true"] for v in full]
+            diff = [a - b for a, b in zip(x, dense, strict=True)]
+            lines.append(
+                f"| {p} | {length} | {len(full)} | {max(abs(d) for d in diff):.4f} | "
+                f"{sum(diff) / len(diff):+.4f} | {sum(x) / sum(dense):.2f} |"
+            )
+    lines.append("")
+    return lines
 
 
 def main_v2(argv=None) -> bool:

@@ -103,14 +103,8 @@ def grid_permutation(
         if offsets is not None:  # its width bounds the strides (checked on the device)
             bound = max(offsets.shape[1] - 1, 1)
             _assert_strides(st, bound, "the offsets' width W")
-        elif isinstance(stride, int):
-            if stride < 1:
-                raise ValueError(f"stride: expected every value >= 1, got min {stride}")
-            bound = stride
         else:
-            if bool((st < 1).any()):
-                raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
-            bound = int(st.max())
+            bound = _largest_stride(stride, st)
         if bound >= 2**30 or S >= 2**31:
             raise NotImplementedError(
                 f"grid_permutation: impl='triton' computes in int32 and needs strides < 2**30 and "
@@ -160,9 +154,7 @@ def grid_line_offsets(
     st = _as_head_vector(stride, "stride", device)
     ph = _as_head_vector(phase, "phase", device)
     if max_stride is None:
-        if bool((st < 1).any()):
-            raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
-        max_stride = int(st.max())
+        max_stride = _largest_stride(stride, st)
     else:
         if isinstance(max_stride, bool) or not isinstance(max_stride, int) or max_stride < 1:
             raise ValueError(f"max_stride: expected an int >= 1, got {max_stride!r}")
@@ -176,6 +168,18 @@ def grid_line_offsets(
     count = torch.where(c < st, (S - first + st - 1).clamp_min(0) // st, 0)
     zero = torch.zeros(H, 1, dtype=torch.int64, device=device)
     return torch.cat([zero, torch.cumsum(count, dim=-1)], dim=-1)
+
+
+def _largest_stride(stride: int | torch.Tensor, st: torch.Tensor) -> int:
+    """The largest stride, after checking every stride is >= 1 (``st``: ``stride`` as a head
+    vector). Read back from the device unless ``stride`` is a Python int."""
+    if isinstance(stride, int):
+        if stride < 1:
+            raise ValueError(f"stride: expected every value >= 1, got min {stride}")
+        return stride
+    if bool((st < 1).any()):
+        raise ValueError(f"stride: expected every value >= 1, got min {int(st.min())}")
+    return int(st.max())
 
 
 def _assert_strides(st: torch.Tensor, max_stride: int | None, what: str = "max_stride") -> None:

@@ -180,8 +180,9 @@ def build_vertical_slash_index(
         seq_len: ``S``; block_m, block_n: 64 or 128.
 
     Returns:
-        :class:`VerticalSlashIndex` on the indices' device. Synchronises once (sizes of the
-        padded range/column tensors).
+        :class:`VerticalSlashIndex` on the indices' device. Synchronises with the host for the
+        sizes of the padded range/column tensors (one read-back) and in the ``nonzero`` of
+        each compaction (the last query block's ranges and the leftover columns).
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
         raise ValueError(f"{_OP}: seq_len: expected a positive int, got {seq_len!r}")

@@ -21,6 +21,7 @@ from .._triton.config import (
     bench_config,
     block_d,
     on_interpreter,
+    seq_bucket,
     smallest,
 )
 from .reference import MAX_MODALITIES
@@ -251,6 +252,7 @@ def _permuted_fwd_kernel(
     q_block,
     kv_block,
     sm_scale,
+    SEQ_BUCKET,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
@@ -365,6 +367,7 @@ _permuted_fwd_autotuned = triton.autotune(
         "IEEE",
         "q_block",
         "kv_block",
+        "SEQ_BUCKET",
     ],
     do_bench=bench_config,
     prune_configs_by={"early_config_prune": _prune},
@@ -449,7 +452,7 @@ def _launch_permuted_fwd(
         *_strides_blocks(fidx), *_strides_blocks(fcnt),
         *_strides_mod(q_modality), *_strides_mod(kv_modality),
         *(_strides_blocks(kv_block_pairs) if has_pairs else (0, 0, 0, 0)),
-        H, H // H_KV, kvp_div, S_Q, S_KV, block_m, block_n, scale,
+        H, H // H_KV, kvp_div, S_Q, S_KV, block_m, block_n, scale, seq_bucket(S_KV),
     )  # fmt: skip
     flags = dict(
         D=D,

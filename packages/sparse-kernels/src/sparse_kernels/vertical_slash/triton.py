@@ -12,7 +12,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import FP32_CONFIG, bench_config, block_d, configs, on_interpreter
+from .._triton.config import (
+    FP32_CONFIG,
+    autotune_off,
+    bench_config,
+    block_d,
+    configs,
+    on_interpreter,
+    seq_bucket,
+    smallest,
+)
 from .._triton.inner import _attn_tile_inner
 
 _GPU_CONFIGS = [
@@ -23,10 +32,19 @@ _GPU_CONFIGS = [
 ]
 
 
+def _prune(configs_, named_args, **kwargs):
+    """``early_config_prune`` hook: one config (the smallest) for fp32 inputs, whose exact dots
+    are slow to compile, and when autotuning is off (``SPARSE_KERNELS_AUTOTUNE=0``)."""
+    if named_args["q_ptr"].dtype == torch.float32 or autotune_off():
+        return [smallest(configs_)]
+    return configs_
+
+
 @triton.autotune(
     configs=configs(_GPU_CONFIGS, {}),
-    key=["D", "IEEE", "BLOCK_M", "BLOCK_N", "TILE_N"],
+    key=["D", "IEEE", "BLOCK_M", "BLOCK_N", "TILE_N", "SEQ_BUCKET"],
     do_bench=bench_config,
+    prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
 def _vertical_slash_fwd_kernel(
@@ -36,7 +54,7 @@ def _vertical_slash_fwd_kernel(
     stride_k_b, stride_k_h, stride_k_s, stride_k_d,
     stride_v_b, stride_v_h, stride_v_s, stride_v_d,
     stride_o_b, stride_o_h, stride_o_s, stride_o_d,
-    R, C, H, GROUP, S, sm_scale,
+    R, C, H, GROUP, S, sm_scale, SEQ_BUCKET,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_N: tl.constexpr,
 ):  # fmt: skip
@@ -152,7 +170,7 @@ def _launch_vertical_slash_fwd(
         q, k, v, out, lse,
         index.range_count.contiguous(), rs, re, index.column_count.contiguous(), cols,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        rs.shape[-1], cols.shape[-1], H, H // H_KV, S, scale,
+        rs.shape[-1], cols.shape[-1], H, H // H_KV, S, scale, seq_bucket(S),
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32,
         BLOCK_M=index.block_m, BLOCK_N=index.block_n, TILE_N=_tile_n(q.dtype, index.block_n),
     )  # fmt: skip

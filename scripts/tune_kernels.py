@@ -28,11 +28,8 @@ from triton.runtime.errors import OutOfResources
 
 TRI_CANDIDATES = [
     dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
-    for (bm, bn, w, st) in [
-        (128, 64, 8, 3), (64, 32, 4, 3), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 3),
-        (128, 32, 8, 2), (128, 64, 8, 2), (64, 16, 4, 3),
-    ]
-]  # fmt: skip
+    for (bm, bn, w, st) in [(128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2)]
+]
 BS_CANDIDATES = [
     dict(TILE_M=tm, TILE_N=tn, num_warps=w, num_stages=st)
     for (tm, tn, w, st) in [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3)]

@@ -2,7 +2,13 @@ import pytest
 import torch
 from sparse_kernels import a_shape_attention, triangle_attention
 from sparse_kernels.attention import masked_attention_reference
-from sparse_kernels.testing import assert_close_budget, default_device, kernel_dtypes, make_qkv
+from sparse_kernels.testing import (
+    assert_close_budget,
+    default_device,
+    kernel_dtypes,
+    make_qkv,
+    poison_,
+)
 from sparse_kernels.triangle import triangle_attention_reference, triangle_mask
 from sparse_kernels.triangle.triton import _launch_triangle_fwd
 
@@ -128,30 +134,35 @@ def test_matches_flex_attention_on_gpu():
 
 
 def _run_config(q, k, v, cfg, *, sink, window, L, chunk):
-    """One launch of the fused kernel with an explicit config (no autotuning) plus the merge."""
+    """One launch of the fused kernel with an explicit config (no autotuning) plus the merge, on
+    outputs poisoned with NaN; returns (out, lse)."""
     import triton
+    from sparse_kernels._triton.config import block_d
     from sparse_kernels.triangle import triton as tri
 
     cfg = dict(cfg)
     w, st = cfg.pop("num_warps", 4), cfg.pop("num_stages", 1)
-    B, H, S, D = q.shape
-    n_chunks = triton.cdiv(S, chunk)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.empty(B, H, S, device=q.device)
-    ws_out = torch.empty(B * H, n_chunks, L, D, device=q.device)
-    ws_lse = torch.empty(B * H, n_chunks, L, device=q.device)
-    bm = cfg["BLOCK_M"]
-    grid = (triton.cdiv(L, bm) * n_chunks + triton.cdiv(S - L, bm), B * H)
+    B, H, S_Q, D = q.shape
+    H_KV, S_KV = k.shape[1], k.shape[2]
+    L = min(L, S_Q)
+    n_chunks = triton.cdiv(S_KV, chunk) if L > 0 else 0
+    out = poison_(torch.empty_like(q))
+    lse = poison_(torch.empty(B, H, S_Q, device=q.device))
+    ws_out = torch.empty(B * H, max(n_chunks, 1), max(L, 1), D, device=q.device)
+    ws_lse = torch.empty(B * H, max(n_chunks, 1), max(L, 1), device=q.device)
+    grid = tri.fwd_grid(B, H, H_KV, S_Q, L, n_chunks)(cfg)
     tri._triangle_fwd_kernel.fn[grid](
         q, k, v, out, lse, ws_out, ws_lse, *q.stride(), *k.stride(), *v.stride(),
-        *out.stride(), H, H // k.shape[1], S, S, D**-0.5, sink, window, L, n_chunks, chunk, 0,
-        D=D, BLOCK_D=D, IEEE=q.dtype == torch.float32, SINK_N=tri.sink_tile(sink),
+        *out.stride(), B, H, H // H_KV, S_Q, S_KV, D**-0.5, sink, window, L, n_chunks, chunk, 0,
+        D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32, SINK_N=tri.sink_tile(sink),
         num_warps=w, num_stages=st, **cfg,
     )  # fmt: skip
-    tri._triangle_merge_kernel[(triton.cdiv(L, 32), B * H)](
-        ws_out, ws_lse, out, lse, *out.stride(), H, S, L, n_chunks, D=D, BLOCK_D=D, BLOCK_R=32
-    )
-    return out
+    if L > 0:
+        tri._triangle_merge_kernel[(triton.cdiv(L, 32), B * H)](
+            ws_out, ws_lse, out, lse, *out.stride(), H, S_Q, L, n_chunks,
+            D=D, BLOCK_D=block_d(D), BLOCK_R=32,
+        )  # fmt: skip
+    return out, lse
 
 
 @pytest.mark.parametrize("sink,window", [(8, 100), (40, 64), (0, 33), (130, 96)])
@@ -168,7 +179,7 @@ def test_explicit_config_is_exact(sink, window):
     ref = dict(sink=sink, window=window, last=40)
     gold = triangle_attention_reference(q, k, v, **ref, compute_dtype=torch.float64)
     low = triangle_attention_reference(q, k, v, **ref)
-    out = _run_config(q, k, v, cfg, sink=sink, window=window, L=40, chunk=128)
+    out, _ = _run_config(q, k, v, cfg, sink=sink, window=window, L=40, chunk=128)
     assert_close_budget(out, low.out, gold.out, dtype=dtype)
 
 
@@ -187,10 +198,44 @@ def test_every_autotune_config_is_correct():
     skipped = []
     for cfg in tri._GPU_CONFIGS:
         try:
-            out = _run_config(q, k, v, cfg, sink=8, window=300, L=L, chunk=1024)
+            out, _ = _run_config(q, k, v, cfg, sink=8, window=300, L=L, chunk=1024)
         except OutOfResources:
             # The autotuner skips a config that does not fit this GPU's shared memory the same way.
             skipped.append(cfg)
             continue
         assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))
     assert len(skipped) < len(tri._GPU_CONFIGS), f"no config fits this GPU: {skipped}"
+
+
+# Program order (heads of one KV group side by side, split programs first) on forced tile configs,
+# any backend: (B, H, H_KV, S_Q, S_KV, D, sink, window, last).
+ORDER_CASES = [
+    pytest.param(1, 7, 1, 300, 300, 64, 8, 64, 40, id="gqa7-S300-last40"),
+    pytest.param(1, 14, 2, 200, 200, 80, 8, 48, 24, id="H14-HKV2-D80"),
+    pytest.param(2, 8, 2, 150, 280, 64, 4, 40, 20, id="B2-gqa4-SQ150-SKV280"),
+    pytest.param(1, 3, 3, 200, 200, 64, 8, 50, 30, id="mha-H3"),
+    pytest.param(1, 6, 2, 250, 250, 64, 0, 33, 0, id="gqa3-nosink-last0"),
+    pytest.param(1, 4, 1, 97, 97, 64, 5, 7, 200, id="gqa4-last-covers-all"),
+    pytest.param(1, 4, 2, 300, 300, 64, 40, 16, 16, id="sink40-win16"),
+    pytest.param(1, 4, 2, 150, 70, 64, 8, 32, 16, id="SQ150-SKV70-emptyrows"),
+]
+ORDER = [
+    pytest.param(*case.values, cfg, id=f"{case.id}-{name}")
+    for case in ORDER_CASES
+    for name, cfg in [
+        ("64x32", dict(BLOCK_M=64, BLOCK_N=32)),
+        ("32x16", dict(BLOCK_M=32, BLOCK_N=16)),
+    ]
+]
+
+
+@pytest.mark.parametrize("B,H,H_KV,S_Q,S_KV,D,sink,window,last,cfg", ORDER)
+def test_forced_config_matches_reference(B, H, H_KV, S_Q, S_KV, D, sink, window, last, cfg):
+    dtype = torch.float32 if DEV.type == "cpu" else torch.bfloat16
+    q, k, v = make_qkv(B, H, H_KV, S_Q, S_KV, D, dtype=dtype, device=DEV, seed=S_Q + H)
+    ref = dict(sink=sink, window=window, last=last)
+    gold = triangle_attention_reference(q, k, v, **ref, compute_dtype=torch.float64)
+    low = triangle_attention_reference(q, k, v, **ref)
+    out, lse = _run_config(q, k, v, cfg, sink=sink, window=window, L=last, chunk=128)
+    assert_close_budget(out, low.out, gold.out, dtype=dtype)
+    assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")

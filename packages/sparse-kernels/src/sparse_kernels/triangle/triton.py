@@ -1,11 +1,15 @@
 """Triangle attention (A-shape + dense last rows) in one launch, plus an LSE merge of the last rows.
 
-Program ids along axis 0 are of two kinds:
-- split programs (first ``n_lq * n_chunks`` ids): one tile of the last ``L`` query rows against one
-  chunk of keys; partial (out, lse) go to an fp32 workspace;
+The launch is a 1-D grid of two kinds of programs:
+- split programs (the first ``B * H * cdiv(L, BLOCK_M) * n_chunks`` ids): one tile of the last
+  ``L`` query rows of one head against one chunk of keys; partial (out, lse) go to an fp32
+  workspace;
 - A-shape programs (the rest): one tile of the other rows against its sink blocks and its window
   blocks only.
-A second tiny kernel merges the chunks of the last rows by LSE into the output.
+In both kinds the query heads of one KV group have adjacent ids on the same tile, so the K/V
+blocks they share are read from L2 (3.87 against 4.67 ms at 128K on an H100 for the same
+tiles, `tune-triangle-pack-128K` JSON). A second tiny kernel merges the chunks of the last rows
+by LSE into the output.
 """
 
 from __future__ import annotations
@@ -29,6 +33,27 @@ _GPU_CONFIGS = [
 _INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
 # Key chunks of the dense last rows are a multiple of every BLOCK_N above.
 _CHUNK_ALIGN = 128
+
+
+@triton.jit
+def _tile_ptrs(base, b, h, rows, offs_d, stride_b, stride_h, stride_s, stride_d):
+    """Pointers to ``rows`` x ``offs_d`` of batch ``b``, head ``h``."""
+    return (
+        base
+        + b.to(tl.int64) * stride_b
+        + h.to(tl.int64) * stride_h
+        + rows[:, None].to(tl.int64) * stride_s
+        + offs_d[None, :] * stride_d
+    )
+
+
+@triton.jit
+def _finish_rows(acc, l_i, m_i):
+    """Normalised output and natural-log LSE of a tile; a row that saw no key gets 0 and -inf."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    return acc / l_safe[:, None], lse
 
 
 @triton.autotune(
@@ -62,6 +87,7 @@ def _triangle_fwd_kernel(
     stride_o_h,
     stride_o_s,
     stride_o_d,
+    B,
     H,
     GROUP,
     S_Q,
@@ -81,47 +107,40 @@ def _triangle_fwd_kernel(
     BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    h_kv = h // GROUP
-    n_split = tl.cdiv(L, BLOCK_M) * n_chunks
-    is_split = pid < n_split
-    # Split programs: tile `lq` of the last L rows, key chunk `c`. A-shape programs: tile `m`.
-    lq = pid // tl.maximum(n_chunks, 1)
-    c = pid % tl.maximum(n_chunks, 1)
-    m = pid - n_split
-    row0 = tl.where(is_split, S_Q - L + lq * BLOCK_M, m * BLOCK_M)
-
-    offs_m = row0 + tl.arange(0, BLOCK_M)
+    H_KV = H // GROUP
+    n_lq = tl.cdiv(L, BLOCK_M)
+    n_split = B * H * n_lq * n_chunks
+    tile_r = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    in_q = (offs_m < S_Q) & (offs_m >= 0)
-    q_ptrs = (
-        q_ptr
-        + b.to(tl.int64) * stride_q_b
-        + h.to(tl.int64) * stride_q_h
-        + offs_m[:, None].to(tl.int64) * stride_q_s
-        + offs_d[None, :] * stride_q_d
-    )
-    q = tl.load(q_ptrs, mask=in_q[:, None] & d_ok[None, :], other=0.0)
-    k_base = k_ptr + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h
-    v_base = v_ptr + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h
-
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-
-    q_pos = offs_m + (S_KV - S_Q)
-    p_lo = row0 + (S_KV - S_Q)
-    p_hi = p_lo + BLOCK_M - 1
-    hi = tl.maximum(tl.minimum(p_hi + 1, S_KV), 0)
-    # Key blocks [0, full_hi) are causally visible to every row of the tile.
-    full_hi = tl.maximum(tl.minimum(p_lo + 1, S_KV), 0) // BLOCK_N * BLOCK_N
-
-    if is_split:
+    # Each kind of program computes its rows and head in its own branch (a row vector selected
+    # between the two kinds would stay live through the key loops).
+    if pid < n_split:
+        # pid = ((bk * n_lq + lq) * n_chunks + c) * GROUP + g with bk = b * H_KV + h_kv: the heads
+        # of one KV group read the same key chunk side by side, so it can come from L2.
+        c = pid // GROUP % n_chunks
+        lq = pid // GROUP // n_chunks % n_lq
+        bk = pid // GROUP // n_chunks // n_lq
+        b = bk // H_KV
+        h_kv = bk % H_KV
+        h = h_kv * GROUP + pid % GROUP
+        k_base = k_ptr + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h
+        v_base = v_ptr + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h
+        offs_m = S_Q - L + lq * BLOCK_M + tile_r
+        q_ptrs = _tile_ptrs(
+            q_ptr, b, h, offs_m, offs_d, stride_q_b, stride_q_h, stride_q_s, stride_q_d
+        )
+        q = tl.load(q_ptrs, mask=(offs_m < S_Q)[:, None] & d_ok[None, :], other=0.0)
+        q_pos = offs_m + (S_KV - S_Q)
+        p_lo = S_Q - L + lq * BLOCK_M + (S_KV - S_Q)
+        hi = tl.maximum(tl.minimum(p_lo + BLOCK_M, S_KV), 0)
+        # Key blocks [0, full_hi) are causally visible to every row of the tile.
+        full_hi = tl.maximum(tl.minimum(p_lo + 1, S_KV), 0) // BLOCK_N * BLOCK_N
         # Dense causal rows over keys [c * chunk, (c + 1) * chunk).
         lo = c * chunk
         c_hi = tl.minimum(lo + chunk, hi)
@@ -136,7 +155,39 @@ def _triangle_fwd_kernel(
             q_pos, offs_n, offs_d, u_hi, c_hi, S_KV, qk_scale, sink, window,
             D, BLOCK_D, BLOCK_N, True, True, False, IEEE,
         )  # fmt: skip
+        out, lse = _finish_rows(acc, l_i, m_i)
+        r = lq * BLOCK_M + tile_r
+        r_ok = r < L
+        ws_row = ((b * H + h).to(tl.int64) * n_chunks + c) * L + r
+        tl.store(
+            ws_out_ptr + ws_row[:, None] * D + offs_d[None, :],
+            out,
+            mask=r_ok[:, None] & d_ok[None, :],
+        )
+        tl.store(ws_lse_ptr + ws_row, lse, mask=r_ok)
     else:
+        # pid - n_split = (bk * n_tiles + t) * GROUP + g: the heads of one KV group on one row
+        # tile run side by side.
+        n_tiles = tl.cdiv(S_Q - L, BLOCK_M)
+        a = pid - n_split
+        t = a // GROUP % n_tiles
+        bk = a // GROUP // n_tiles
+        b = bk // H_KV
+        h_kv = bk % H_KV
+        h = h_kv * GROUP + a % GROUP
+        k_base = k_ptr + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h
+        v_base = v_ptr + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h
+        row0 = t * BLOCK_M
+        offs_m = row0 + tile_r
+        q_ptrs = _tile_ptrs(
+            q_ptr, b, h, offs_m, offs_d, stride_q_b, stride_q_h, stride_q_s, stride_q_d
+        )
+        q = tl.load(q_ptrs, mask=(offs_m < S_Q)[:, None] & d_ok[None, :], other=0.0)
+        q_pos = offs_m + (S_KV - S_Q)
+        p_lo = row0 + (S_KV - S_Q)
+        p_hi = p_lo + BLOCK_M - 1
+        hi = tl.maximum(tl.minimum(p_hi + 1, S_KV), 0)
+        full_hi = tl.maximum(tl.minimum(p_lo + 1, S_KV), 0) // BLOCK_N * BLOCK_N
         # Sink tiles [0, sink_end) are SINK_N keys wide (16 for the usual sink of 8, not a whole
         # BLOCK_N), with the full sink/window/causal element mask. When the window's first block
         # reaches below sink_end, the window loops start at key 0 instead and their element mask
@@ -172,33 +223,13 @@ def _triangle_fwd_kernel(
             q_pos, offs_n, offs_d, tl.maximum(c_hi, s0), hi, S_KV, qk_scale, sink, window,
             D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
         )  # fmt: skip
-
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-
-    if is_split:
-        r = lq * BLOCK_M + tl.arange(0, BLOCK_M)
-        r_ok = r < L
-        ws_row = (bh.to(tl.int64) * n_chunks + c) * L + r
-        tl.store(
-            ws_out_ptr + ws_row[:, None] * D + offs_d[None, :],
-            out,
-            mask=r_ok[:, None] & d_ok[None, :],
+        out, lse = _finish_rows(acc, l_i, m_i)
+        o_ok = offs_m < S_Q - L
+        o_ptrs = _tile_ptrs(
+            out_ptr, b, h, offs_m, offs_d, stride_o_b, stride_o_h, stride_o_s, stride_o_d
         )
-        tl.store(ws_lse_ptr + ws_row, lse, mask=r_ok)
-    else:
-        row_ok = offs_m < S_Q - L
-        o_ptrs = (
-            out_ptr
-            + b.to(tl.int64) * stride_o_b
-            + h.to(tl.int64) * stride_o_h
-            + offs_m[:, None].to(tl.int64) * stride_o_s
-            + offs_d[None, :] * stride_o_d
-        )
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-        tl.store(lse_ptr + bh.to(tl.int64) * S_Q + offs_m, lse, mask=row_ok)
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=o_ok[:, None] & d_ok[None, :])
+        tl.store(lse_ptr + (b * H + h).to(tl.int64) * S_Q + offs_m, lse, mask=o_ok)
 
 
 @triton.jit
@@ -270,6 +301,17 @@ def default_chunk(S_KV: int) -> int:
     return triton.cdiv(want, _CHUNK_ALIGN) * _CHUNK_ALIGN
 
 
+def fwd_grid(B: int, H: int, H_KV: int, S_Q: int, L: int, n_chunks: int):
+    """Grid of ``_triangle_fwd_kernel`` for a config: the split programs of every head, then the
+    A-shape programs of every (batch, head, row tile)."""
+
+    def grid(meta):
+        n_split = B * H * triton.cdiv(L, meta["BLOCK_M"]) * n_chunks
+        return (n_split + B * H * triton.cdiv(S_Q - L, meta["BLOCK_M"]),)
+
+    return grid
+
+
 def _launch_triangle_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -295,14 +337,10 @@ def _launch_triangle_fwd(
     )
     ws_lse = torch.empty((B * H, max(n_chunks, 1), max(L, 1)), dtype=torch.float32, device=q.device)
 
-    def grid(meta):
-        n_split = triton.cdiv(L, meta["BLOCK_M"]) * n_chunks
-        return (n_split + triton.cdiv(S_Q - L, meta["BLOCK_M"]), B * H)
-
-    _triangle_fwd_kernel[grid](
+    _triangle_fwd_kernel[fwd_grid(B, H, H_KV, S_Q, L, n_chunks)](
         q, k, v, out, lse, ws_out, ws_lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk, seq_bucket(S_KV),
+        B, H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk, seq_bucket(S_KV),
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32, SINK_N=sink_tile(sink),
     )  # fmt: skip
     if L > 0:

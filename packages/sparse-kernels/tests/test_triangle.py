@@ -101,6 +101,27 @@ def test_reference_row_chunking_is_exact():
     torch.testing.assert_close(a.lse, b.lse, atol=1e-12, rtol=0)
 
 
+def test_reference_default_chunk_follows_the_score_budget(monkeypatch):
+    from sparse_kernels.triangle import reference as ref
+
+    q, k, v = make_qkv(1, 2, 1, 300, 300, 32, dtype=torch.float64, device="cpu")
+    seen = []
+    real = ref.masked_attention_reference
+
+    def spy(q_, k_, v_, mask, **kw):
+        seen.append(q_.shape[2])
+        return real(q_, k_, v_, mask, **kw)
+
+    monkeypatch.setattr(ref, "masked_attention_reference", spy)
+    monkeypatch.setattr(ref, "SCORE_BUDGET", 2 * 300 * 50)  # 50 rows of 2 heads x 300 keys
+    a = ref.triangle_attention_reference(q, k, v, sink=4, window=20, last=10)
+    assert seen == [50] * 6
+    b = ref.triangle_attention_reference(q, k, v, sink=4, window=20, last=10, row_chunk=300)
+    torch.testing.assert_close(a.out, b.out, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="row_chunk: expected a positive row count, got 0"):
+        ref.triangle_attention_reference(q, k, v, sink=4, window=20, row_chunk=0)
+
+
 @pytest.mark.parametrize(
     "kw,exc,match",
     [

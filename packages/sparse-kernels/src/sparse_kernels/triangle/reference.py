@@ -7,6 +7,9 @@ import torch
 from .._types import AttentionOutput
 from ..attention.reference import masked_attention_reference
 
+# Score elements per row chunk of the reference (all batches and heads): 2^27, 1 GiB in float64.
+SCORE_BUDGET = 1 << 27
+
 
 def triangle_mask(
     S_Q: int, S_KV: int, *, sink: int, window: int, last: int, device: torch.device | str = "cpu"
@@ -29,12 +32,20 @@ def triangle_attention_reference(
     last: int = 0,
     scale: float | None = None,
     compute_dtype: torch.dtype | None = None,
-    row_chunk: int = 2048,
+    row_chunk: int | None = None,
 ) -> AttentionOutput:
     """Triangle attention by an explicit mask, ``row_chunk`` query rows at a time so that a long
-    sequence never holds more than ``row_chunk x S_KV`` scores per head."""
-    S_Q, S_KV = q.shape[2], k.shape[2]
+    sequence never holds more than ``row_chunk x S_KV`` scores per head. By default the chunk
+    keeps one chunk's scores (all batches and heads) near ``SCORE_BUDGET`` elements, at most
+    2048 rows: a fixed 2048 rows held 8.6 GB of float64 scores at 32 heads x 16K keys, and
+    several test workers sharing a GPU ran it out of memory."""
+    B, H, S_Q, _ = q.shape
+    S_KV = k.shape[2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if row_chunk is None:
+        row_chunk = max(1, min(2048, SCORE_BUDGET // max(1, B * H * S_KV)))
+    elif row_chunk < 1:
+        raise ValueError(f"row_chunk: expected a positive row count, got {row_chunk}")
     outs, lses = [], []
     for r0 in range(0, S_Q, row_chunk):
         r1 = min(S_Q, r0 + row_chunk)

@@ -233,3 +233,29 @@ def test_every_autotune_config_is_correct():
             num_warps=w, num_stages=st, **cfg,
         )  # fmt: skip
         assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=f"{cfg} w{w} s{st}")
+
+
+@pytest.mark.parametrize("op", ["attention", "triangle"])
+def test_key_offsets_past_int32_are_refused(op):
+    # A [B, S, H_KV, D] tensor seen as [B, H_KV, S, D] (HF's transpose) with 32 KV heads at 512K:
+    # the key row offset (S - 1) * H_KV * D passes 2**31. Meta tensors: shapes only, no memory.
+    from sparse_kernels.attention.triton import _launch_attention_fwd
+    from sparse_kernels.triangle.triton import _launch_triangle_fwd
+
+    S, H_KV, D = 2**19 + 1, 32, 128
+    q = torch.empty(1, H_KV, 16, D, device="meta", dtype=torch.float16)
+    wide = torch.empty(1, S, H_KV, D, device="meta", dtype=torch.float16).transpose(1, 2)
+    with pytest.raises(
+        ValueError, match=r"k offsets within one \(batch, KV head\) must stay below"
+    ):
+        if op == "attention":
+            _launch_attention_fwd(q, wide, wide, causal=True, scale=1.0)
+        else:
+            _launch_triangle_fwd(q, wide, wide, sink=4, window=8, last=0, scale=1.0)
+    # The same sizes contiguous ([B, H_KV, S, D]) pass the check.
+    from sparse_kernels._validate import check_int32_key_offsets
+
+    flat = torch.empty(1, H_KV, S, D, device="meta", dtype=torch.float16)
+    check_int32_key_offsets(flat, flat, op)
+    with pytest.raises(ValueError, match="v offsets"):
+        check_int32_key_offsets(flat, wide, op)

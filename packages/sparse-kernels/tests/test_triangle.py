@@ -118,6 +118,7 @@ def test_reference_default_chunk_follows_the_score_budget(monkeypatch):
     assert seen == [50] * 6
     b = ref.triangle_attention_reference(q, k, v, sink=4, window=20, last=10, row_chunk=300)
     torch.testing.assert_close(a.out, b.out, atol=1e-12, rtol=0)
+    torch.testing.assert_close(a.lse, b.lse, atol=1e-12, rtol=0)
     with pytest.raises(ValueError, match="row_chunk: expected a positive row count, got 0"):
         ref.triangle_attention_reference(q, k, v, sink=4, window=20, row_chunk=0)
 
@@ -171,7 +172,7 @@ def _run_config(q, k, v, cfg, *, sink, window, L, chunk):
     lse = poison_(torch.empty(B, H, S_Q, device=q.device))
     ws_out = torch.empty(B * H, max(n_chunks, 1), max(L, 1), D, device=q.device)
     ws_lse = torch.empty(B * H, max(n_chunks, 1), max(L, 1), device=q.device)
-    grid = tri.fwd_grid(B, H, H_KV, S_Q, L, n_chunks)(cfg)
+    grid = tri.fwd_grid(B, H, S_Q, L, n_chunks)(cfg)
     tri._triangle_fwd_kernel.fn[grid](
         q, k, v, out, lse, ws_out, ws_lse, *q.stride(), *k.stride(), *v.stride(),
         *out.stride(), B, H, H // H_KV, S_Q, S_KV, D**-0.5, sink, window, L, n_chunks, chunk, 0,
@@ -239,6 +240,8 @@ ORDER_CASES = [
     pytest.param(1, 4, 1, 97, 97, 64, 5, 7, 200, id="gqa4-last-covers-all"),
     pytest.param(1, 4, 2, 300, 300, 64, 40, 16, 16, id="sink40-win16"),
     pytest.param(1, 4, 2, 150, 70, 64, 8, 32, 16, id="SQ150-SKV70-emptyrows"),
+    # B > 1, two KV groups, last rows over several row tiles and key chunks (chunk 128).
+    pytest.param(2, 8, 2, 200, 300, 64, 8, 40, 70, id="B2-gqa4-last70-3chunks"),
 ]
 ORDER = [
     pytest.param(*case.values, cfg, id=f"{case.id}-{name}")

@@ -89,3 +89,24 @@ def check_triton_head_dim(D: int, op: str) -> None:
             f"{op}: the Triton kernel supports head dims 1..{TRITON_MAX_HEAD_DIM}, got {D} "
             f"(impl='reference' takes any head dim)"
         )
+
+
+# The shared key loop (``_triton.inner._attn_tile_inner``) of the dense and triangle kernels
+# addresses a key row as ``int32 column x int32 stride`` inside one (batch, KV head) slice.
+INT32_OFFSET_LIMIT = 2**31
+
+
+def check_int32_key_offsets(k: torch.Tensor, v: torch.Tensor, op: str) -> None:
+    """Raise if an element offset inside one (batch, KV head) slice of ``k`` or ``v`` reaches
+    2**31, which those kernels would wrap around. Contiguous ``[B, H_KV, S, D]`` tensors stay
+    below it up to 16M tokens at D=128; a strided view of a ``[B, S, H_KV, D]`` tensor (HF's
+    ``transpose(1, 2)``) reaches it at ``S * H_KV * D >= 2**31``, e.g. 32 KV heads at 512K."""
+    for name, t in (("k", k), ("v", v)):
+        S, D = t.shape[2], t.shape[3]
+        top = (S - 1) * abs(t.stride(2)) + (D - 1) * abs(t.stride(3))
+        if top >= INT32_OFFSET_LIMIT:
+            raise ValueError(
+                f"{op}: {name} offsets within one (batch, KV head) must stay below 2**31 "
+                f"elements, got {top} (shape {tuple(t.shape)}, strides {tuple(t.stride())}); "
+                f"pass {name}.contiguous() ([B, H_KV, S, D] order) or use impl='reference'"
+            )

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from .._triton.config import bench_config, block_d, configs, prune_fp32, seq_bucket
 from .._triton.inner import _attn_tile_inner
+from .._validate import check_int32_key_offsets
 
 _GPU_CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
@@ -142,6 +143,7 @@ def _attn_fwd_kernel(
 def _launch_attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    check_int32_key_offsets(k, v, "attention")
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)

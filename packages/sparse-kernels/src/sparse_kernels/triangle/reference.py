@@ -7,7 +7,7 @@ import torch
 from .._types import AttentionOutput
 from ..attention.reference import masked_attention_reference
 
-# Score elements per row chunk of the reference (all batches and heads): 2^27, 1 GiB in float64.
+# Elements of one score array per row chunk (all batches and heads): 2^27, 1 GiB in float64.
 SCORE_BUDGET = 1 << 27
 
 
@@ -35,9 +35,10 @@ def triangle_attention_reference(
     row_chunk: int | None = None,
 ) -> AttentionOutput:
     """Triangle attention by an explicit mask, ``row_chunk`` query rows at a time so that a long
-    sequence never holds more than ``row_chunk x S_KV`` scores per head. By default the chunk
-    keeps one chunk's scores (all batches and heads) near ``SCORE_BUDGET`` elements, at most
-    2048 rows: a fixed 2048 rows held 8.6 GB of float64 scores at 32 heads x 16K keys, and
+    sequence never holds more than ``row_chunk x S_KV`` scores per head. By default a chunk's
+    score array (all batches and heads) is kept near ``SCORE_BUDGET`` elements, at most 2048
+    rows; the masked softmax holds a few arrays of that size at once, plus K/V expanded to all
+    heads. A fixed 2048 rows held 8.6 GB per score array in float64 at 32 heads x 16K keys, and
     several test workers sharing a GPU ran it out of memory."""
     B, H, S_Q, _ = q.shape
     S_KV = k.shape[2]

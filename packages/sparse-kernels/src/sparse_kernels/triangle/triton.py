@@ -7,9 +7,9 @@ The launch is a 1-D grid of two kinds of programs:
 - A-shape programs (the rest): one tile of the other rows against its sink blocks and its window
   blocks only.
 In both kinds the query heads of one KV group have adjacent ids on the same tile, so the K/V
-blocks they share are read from L2 (3.87 against 4.67 ms at 128K on an H100 for the same
-tiles, `tune-triangle-pack-128K` JSON). A second tiny kernel merges the chunks of the last rows
-by LSE into the output.
+blocks they share are read from L2 (64x32 tiles at 128K on an H100: 3.87 ms, against 4.47-4.52
+ms with the heads on a second grid axis, in earlier runs; `triangle.md`). A second tiny kernel
+merges the chunks of the last rows by LSE into the output.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import triton.language as tl
 
 from .._triton.config import bench_config, block_d, configs, prune_fp32, seq_bucket
 from .._triton.inner import _attn_tile_inner
+from .._validate import check_int32_key_offsets
 
 _GPU_CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
@@ -27,7 +28,7 @@ _GPU_CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
-    # Narrow key tiles: 4.47 ms against 4.73 for 128x64 at 128K on an H100 (tune-variants2 JSON).
+    # Narrow key tiles: 3.87 ms against 4.67 for 128x64 at 128K on an H100 (tune-triangle-pack JSON).
     dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
 ]
 _INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
@@ -301,7 +302,7 @@ def default_chunk(S_KV: int) -> int:
     return triton.cdiv(want, _CHUNK_ALIGN) * _CHUNK_ALIGN
 
 
-def fwd_grid(B: int, H: int, H_KV: int, S_Q: int, L: int, n_chunks: int):
+def fwd_grid(B: int, H: int, S_Q: int, L: int, n_chunks: int):
     """Grid of ``_triangle_fwd_kernel`` for a config: the split programs of every head, then the
     A-shape programs of every (batch, head, row tile)."""
 
@@ -323,6 +324,7 @@ def _launch_triangle_fwd(
     scale: float,
     chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    check_int32_key_offsets(k, v, "triangle_attention")
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
     L = min(last, S_Q)
@@ -337,7 +339,7 @@ def _launch_triangle_fwd(
     )
     ws_lse = torch.empty((B * H, max(n_chunks, 1), max(L, 1)), dtype=torch.float32, device=q.device)
 
-    _triangle_fwd_kernel[fwd_grid(B, H, H_KV, S_Q, L, n_chunks)](
+    _triangle_fwd_kernel[fwd_grid(B, H, S_Q, L, n_chunks)](
         q, k, v, out, lse, ws_out, ws_lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         B, H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk, seq_bucket(S_KV),
@@ -345,6 +347,7 @@ def _launch_triangle_fwd(
     )  # fmt: skip
     if L > 0:
         BLOCK_R = 32
+        # Axis 1 is B * H (at most 65535 programs on CUDA's second grid axis).
         _triangle_merge_kernel[(triton.cdiv(L, BLOCK_R), B * H)](
             ws_out, ws_lse, out, lse, *out.stride(), H, S_Q, L, n_chunks,
             D=D, BLOCK_D=block_d(D), BLOCK_R=BLOCK_R,

@@ -46,14 +46,14 @@ def structure_qk(layer, norm: float, seed: int = 1) -> None:
         attn.q_proj.bias.copy_(c.repeat_interleave(group, dim=0).reshape(-1))
 
 
-def densities(tokens: int, norms: list[float], threads: int) -> list[dict]:
+def densities(tokens: int, norms: list[float], threads: int, smoke: bool = False) -> list[dict]:
     from sparse_patterns import plan_layer
     from triangle_mix import LayerPolicy
     from triangle_mix.integrations.hf import apply_triangle_mix
 
     bt = _bench_ttft()
     torch.set_num_threads(threads)
-    dims = dict(bt.FULL, layers=1)
+    dims = dict(bt.SMOKE if smoke else bt.FULL, layers=1)
     model = bt._model(dims, "cpu", torch.float32)
     embeds = torch.randn(1, tokens, dims["hidden"], generator=torch.Generator().manual_seed(0))
     pos = bt._positions(tokens, dims["tpf"], "cpu")
@@ -96,13 +96,14 @@ def main(argv=None) -> int:
     p.add_argument("--qk-bias-norm", default="0,16", help="comma-separated norms (0: no bias)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None, help="write the rows as JSON here")
+    p.add_argument("--smoke", action="store_true", help="bench_ttft's tiny shape (a dry run)")
     a = p.parse_args(argv)
     if a.tokens < 2048:
         p.error(f"--tokens: expected at least 2048, got {a.tokens}")
     norms = [float(x) for x in a.qk_bias_norm.split(",")]
     if any(n < 0 for n in norms):
         p.error(f"--qk-bias-norm: expected norms >= 0, got {a.qk_bias_norm}")
-    rows = densities(a.tokens, norms, a.threads)
+    rows = densities(a.tokens, norms, a.threads, smoke=a.smoke)
     if a.out:
         Path(a.out).write_text(json.dumps({"rows": rows}, indent=1))
     return 0

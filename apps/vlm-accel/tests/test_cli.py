@@ -226,6 +226,37 @@ def test_bench_ttft_tuning_pass_runs_one_layer_per_kind_and_restores_the_model(m
     assert list(model.layers) == before
 
 
+def test_vs_density_script_smoke(tmp_path):
+    """The Vertical-Slash density check at bench_ttft's tiny shape: one row per bias norm, a
+    density in (0, 1] per head; the bias: one vector of the given norm per KV head, shared by
+    its keys and its query heads."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "vs_density_structured.py"
+    spec = importlib.util.spec_from_file_location("vs_density_structured", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "d.json"
+    assert (
+        mod.main(["--smoke", "--tokens", "2048", "--qk-bias-norm", "0,64", "--out", str(out)]) == 0
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["qk_bias_norm"] for r in rows] == [0.0, 64.0]
+    for r in rows:
+        assert len(r["per_head"]) == len(r["kinds"]) == mod._bench_ttft().SMOKE["heads"]
+        assert all(0.0 < d <= 1.0 for d in r["per_head"])
+    bt = mod._bench_ttft()
+    layer = bt._model(dict(bt.SMOKE, layers=1), "cpu", torch.float32).layers[0]
+    mod.structure_qk(layer, 5.0)
+    attn = layer.self_attn
+    d = attn.head_dim
+    kb = attn.k_proj.bias.view(-1, d)
+    qb = attn.q_proj.bias.view(kb.shape[0], -1, d)
+    torch.testing.assert_close(kb.norm(dim=-1), torch.full((kb.shape[0],), 5.0))
+    assert torch.equal(qb, kb[:, None].expand_as(qb))
+
+
 def test_video_inputs_carry_mm_token_type_ids_for_mrope():
     """Without mm_token_type_ids transformers 5.x uses 1-D positions for the video; the inputs
     must mark every video token (2) and nothing else, and the logits depend on it."""

@@ -72,3 +72,56 @@ def test_attention_kernels_tune_per_sequence_bucket():
         assert tuners, mod
         for t in tuners:
             assert "SEQ_BUCKET" in t.keys, f"{mod}: autotune key {t.keys} lacks SEQ_BUCKET"
+
+
+def _triton_runs() -> bool:
+    import torch
+    from sparse_kernels._validate import interpreter_enabled
+
+    return interpreter_enabled() or torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _triton_runs(), reason="needs the Triton interpreter or a CUDA GPU")
+def test_launchers_pass_the_key_length_bucket(monkeypatch):
+    """Each attention launcher hands its kernel ``seq_bucket(S_KV)``: a spy on every module's
+    ``seq_bucket`` records the lengths asked for while each op runs once through Triton."""
+    import importlib
+
+    import torch
+    from sparse_kernels import (
+        attention,
+        block_sparse_attention,
+        permuted_block_sparse_attention,
+        triangle_attention,
+        vertical_slash_attention,
+    )
+    from sparse_kernels.testing import default_device, make_qkv
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    dev = default_device()
+    S = 192
+    dtype = torch.float32 if dev.type == "cpu" else torch.float16
+    q, k, v = make_qkv(1, 2, 1, S, S, 32, dtype=dtype, device=dev, seed=3)
+    nb = S // 64
+    idx = torch.arange(nb, dtype=torch.int32, device=dev).expand(1, 2, nb, nb).contiguous()
+    cnt = torch.arange(1, nb + 1, dtype=torch.int32, device=dev).expand(1, 2, nb).contiguous()
+    bm = create_block_mask(lambda b, h, i, j: i >= j, None, None, S, S, device=dev.type)
+    one = torch.tensor([[[0]]], dtype=torch.int32, device=dev).expand(1, 2, 1).contiguous()
+    calls = {
+        "attention": lambda: attention(q, k, v, impl="triton"),
+        "triangle": lambda: triangle_attention(q, k, v, sink=4, window=16, last=8, impl="triton"),
+        "block_sparse": lambda: block_sparse_attention(q, k, v, bm, impl="triton"),
+        "permuted": lambda: permuted_block_sparse_attention(
+            q, k, v, kv_block_indices=idx, kv_block_counts=cnt, impl="triton"
+        ),
+        "vertical_slash": lambda: vertical_slash_attention(q, k, v, one, one, impl="triton"),
+    }
+    for mod_name, call in calls.items():
+        mod = importlib.import_module(f"sparse_kernels.{mod_name}.triton")
+        seen = []
+        real = mod.seq_bucket
+        monkeypatch.setattr(
+            mod, "seq_bucket", lambda n, real=real, seen=seen: seen.append(n) or real(n)
+        )
+        call()
+        assert seen == [S], f"{mod_name}: seq_bucket called with {seen}, expected [{S}]"

@@ -171,6 +171,18 @@ def test_chunked_norms_and_mlp_restored_and_bad_chunk():
 
 
 @pytest.mark.slow
+def _benchmark_module(name: str):
+    """A script of ``apps/vlm-accel/benchmarks`` (not a package) loaded as a module."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.parametrize(
     "extra",
     [[], ["--warmup-tokens", "512", "--single-pass"],
@@ -180,13 +192,7 @@ def test_chunked_norms_and_mlp_restored_and_bad_chunk():
 def test_bench_ttft_smoke(tmp_path, extra):
     """The GPU benchmark's logic end to end at a tiny CPU shape (also the 1M-row mode: a short
     warm-up, one event-timed pass per row)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "benchmarks" / "bench_ttft.py"
-    spec = importlib.util.spec_from_file_location("bench_ttft", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark_module("bench_ttft")
     out = tmp_path / "t.json"
     assert mod.main(["--smoke", "--out", str(out), *extra]) == 0
     rows = json.loads(out.read_text())["rows"]
@@ -203,13 +209,7 @@ def test_bench_ttft_smoke(tmp_path, extra):
 def test_bench_ttft_tuning_pass_runs_one_layer_per_kind_and_restores_the_model(monkeypatch):
     """The full-length tuning pass runs layers 0, start and last only (with their own indices)
     and puts the whole layer list back."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "benchmarks" / "bench_ttft.py"
-    spec = importlib.util.spec_from_file_location("bench_ttft", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark_module("bench_ttft")
     dims = dict(mod.SMOKE)
     model = mod._model(dims, "cpu", torch.float32)
     before = list(model.layers)
@@ -230,13 +230,7 @@ def test_vs_density_script_smoke(tmp_path):
     """The Vertical-Slash density check at bench_ttft's tiny shape: one row per bias norm, a
     density in (0, 1] per head; the bias: one vector of the given norm per KV head, shared by
     its keys and its query heads."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "benchmarks" / "vs_density_structured.py"
-    spec = importlib.util.spec_from_file_location("vs_density_structured", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark_module("vs_density_structured")
     out = tmp_path / "d.json"
     assert (
         mod.main(["--smoke", "--tokens", "2048", "--qk-bias-norm", "0,64", "--out", str(out)]) == 0

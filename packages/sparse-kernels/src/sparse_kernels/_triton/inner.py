@@ -1,4 +1,4 @@
-"""The online-softmax tile loop shared by the attention kernels."""
+"""The online-softmax tile loop and the tile epilogue shared by the attention kernels."""
 
 from __future__ import annotations
 
@@ -82,3 +82,13 @@ def _attn_tile_inner(
             acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
     return acc, l_i, m_i
+
+
+@triton.jit
+def _finish_rows(acc, l_i, m_i):
+    """Normalised output and natural-log LSE of a finished tile; a row that saw no key gets
+    out = 0 and lse = -inf."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    return acc / l_safe[:, None], lse

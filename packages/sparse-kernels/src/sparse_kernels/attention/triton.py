@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .._triton.config import bench_config, block_d, configs, prune_fp32, seq_bucket
-from .._triton.inner import _attn_tile_inner
+from .._triton.inner import _attn_tile_inner, _finish_rows
 from .._validate import check_int32_key_offsets
 
 _GPU_CONFIGS = [
@@ -123,10 +123,7 @@ def _attn_fwd_kernel(
         D, BLOCK_D, BLOCK_N, True, IS_CAUSAL, False, IEEE,
     )  # fmt: skip
 
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    out, lse = _finish_rows(acc, l_i, m_i)
 
     o_ptrs = (
         out_ptr

@@ -23,6 +23,7 @@ from .._triton.config import (
     seq_bucket,
     smallest,
 )
+from .._triton.inner import _finish_rows
 
 _GPU_CONFIGS = [
     dict(TILE_M=128, TILE_N=128, num_warps=8, num_stages=3),
@@ -174,10 +175,7 @@ def _block_sparse_fwd_kernel(
         D, BLOCK_D, MASK_BN, TILE_N, IS_CAUSAL, IEEE,
     )  # fmt: skip
 
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    out, lse = _finish_rows(acc, l_i, m_i)
     o_ptrs = (
         out_ptr + b * stride_o_b + h * stride_o_h
         + offs_m[:, None].to(tl.int64) * stride_o_s + offs_d[None, :] * stride_o_d

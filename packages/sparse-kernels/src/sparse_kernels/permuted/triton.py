@@ -24,6 +24,7 @@ from .._triton.config import (
     seq_bucket,
     smallest,
 )
+from .._triton.inner import _finish_rows
 from .reference import MAX_MODALITIES
 
 # Tile sizes must divide the block sizes of the block structure; the prune hook keeps those that do.
@@ -339,10 +340,7 @@ def _permuted_fwd_kernel(
             D, BLOCK_N, False, HAS_KV_PERM, False, IEEE,
         )  # fmt: skip
 
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    out, lse = _finish_rows(acc, l_i, m_i)
     # Scatter back to the original rows (the inverse permutation, applied by the store).
     o_ptrs = (
         out_ptr

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .._triton.config import bench_config, block_d, configs, prune_fp32, seq_bucket
-from .._triton.inner import _attn_tile_inner
+from .._triton.inner import _attn_tile_inner, _finish_rows
 from .._validate import check_int32_key_offsets
 
 _GPU_CONFIGS = [
@@ -46,15 +46,6 @@ def _tile_ptrs(base, b, h, rows, offs_d, stride_b, stride_h, stride_s, stride_d)
         + rows[:, None].to(tl.int64) * stride_s
         + offs_d[None, :] * stride_d
     )
-
-
-@triton.jit
-def _finish_rows(acc, l_i, m_i):
-    """Normalised output and natural-log LSE of a tile; a row that saw no key gets 0 and -inf."""
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    return acc / l_safe[:, None], lse
 
 
 @triton.autotune(

@@ -22,7 +22,7 @@ from .._triton.config import (
     seq_bucket,
     smallest,
 )
-from .._triton.inner import _attn_tile_inner
+from .._triton.inner import _attn_tile_inner, _finish_rows
 
 _GPU_CONFIGS = [
     dict(num_warps=4, num_stages=2),
@@ -135,10 +135,7 @@ def _vertical_slash_fwd_kernel(
             acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
 
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    out, lse = _finish_rows(acc, l_i, m_i)
     o_ptrs = (
         out_ptr + b * stride_o_b + h * stride_o_h
         + offs_m[:, None].to(tl.int64) * stride_o_s + offs_d[None, :] * stride_o_d

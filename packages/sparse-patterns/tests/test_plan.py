@@ -100,6 +100,81 @@ def test_vertical_slash_block_mask_random_chunks(S, blk):
             assert torch.equal(fn(m0, m1)[n], want[m0:m1]), (n, m0, m1)
 
 
+@pytest.mark.parametrize(
+    "S, blk, nv, ns",
+    [(301, 32, 9, 7), (256, 64, 9, 7), (1000, 16, 40, 30), (70, 64, 5, 5), (4096, 64, 0, 60),
+     (2049, 16, 200, 3), (64, 64, 3, 3)],
+)  # fmt: skip
+def test_vertical_slash_lists_equal_the_block_mask_path(S, blk, nv, ns):
+    """The rank-merged lists equal, entry for entry (indices, counts, width, zero padding), the
+    lists compacted from the NQB x NKB block mask: random columns and diagonals with -1 padding,
+    repeats, column blocks that coincide with diagonal blocks, partial last blocks."""
+    from sparse_patterns.plan import lists_from_chunks, vertical_slash_lists
+
+    g = torch.Generator().manual_seed(S * 7 + blk + nv)
+    N = 4
+    vert = torch.randint(-1, S, (N, max(nv, 1)), generator=g)
+    if nv == 0:
+        vert.fill_(-1)  # the exact-verticals planner's slash-only lists
+    sl = torch.randint(-1, S, (N, ns), generator=g)
+    sl[0, :2] = torch.tensor([0, 1])  # repeats of the same block distance
+    sl[1] = torch.where(sl[1] >= 0, sl[1] % (4 * blk), -1)  # dense near the diagonal
+    vert[2, : min(3, vert.shape[1])] = 0
+    nb = -(-S // blk)
+    want = lists_from_chunks(vertical_slash_block_mask(vert, sl, S, blk), N, nb, nb, "cpu")
+    got = vertical_slash_lists(vert, sl, S, blk, path="lines")
+    assert torch.equal(vertical_slash_lists(vert, sl, S, blk, path="mask")[0], want[0])
+    assert torch.equal(got[1], want[1])
+    assert torch.equal(got[0], want[0])
+
+
+@pytest.mark.parametrize(
+    "S, blk, sinks, windows",
+    [(211, 16, [5, 0, 64, 300], [23, 1, 0, 18]), (4096, 64, [128, 64, 1, 0], [4096, 513, 66, 65]),
+     (1000, 32, [7, 33, 1000, 2], [5000, 34, 32, 1]), (64, 64, [1, 0, 8, 70], [1, 5, 64, 0])],
+)  # fmt: skip
+def test_a_shape_lists_equal_the_block_mask_path(S, blk, sinks, windows):
+    from sparse_patterns.plan import a_shape_lists, lists_from_chunks
+
+    params = {"sink": torch.tensor(sinks), "window": torch.tensor(windows)}
+    nb = -(-S // blk)
+    fn = static_block_mask("a_shape", params, S, blk)
+    want = lists_from_chunks(fn, len(sinks), nb, nb, "cpu")
+    got = a_shape_lists(sinks, windows, S, blk, "cpu", path="lines")
+    assert torch.equal(a_shape_lists(sinks, windows, S, blk, "cpu", path="mask")[0], want[0])
+    assert torch.equal(got[1], want[1])
+    assert torch.equal(got[0], want[0])
+
+
+def test_list_paths_auto_choice_and_bad_path():
+    from sparse_patterns.plan import _use_lines, vertical_slash_lists
+
+    assert _use_lines("auto", 2049, 16384) and not _use_lines("auto", 2049, 2048)
+    assert _use_lines("lines", 10**6, 1) and not _use_lines("mask", 1, 10**6)
+    with pytest.raises(ValueError, match="expected one of"):
+        vertical_slash_lists(
+            torch.zeros(1, 1, dtype=torch.long),
+            torch.zeros(1, 1, dtype=torch.long),
+            64,
+            16,
+            path="fast",
+        )
+
+
+def test_line_block_lists_chunked_rows_equal_one_chunk(monkeypatch):
+    """Several row chunks (a small element budget) give the same lists as one chunk."""
+    import sparse_patterns.plan as P
+
+    g = torch.Generator().manual_seed(5)
+    S, blk = 3000, 16
+    vert = torch.randint(-1, S, (3, 50), generator=g)
+    sl = torch.randint(-1, S, (3, 40), generator=g)
+    one = P.vertical_slash_lists(vert, sl, S, blk, path="lines")
+    monkeypatch.setattr(P, "_LINE_CHUNK_ELEMS", 3 * 140 * 7)
+    many = P.vertical_slash_lists(vert, sl, S, blk, path="lines")
+    assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
+
+
 def test_grid_plan_covers_the_grid_pattern():
     """Every (i, j) of the element Grid pattern (stride, phase found) is executed."""
     S, st, ph = 517, 12, 4

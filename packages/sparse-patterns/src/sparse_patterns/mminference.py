@@ -37,13 +37,14 @@ from .patterns import (
 from .plan import (
     BlockPlan,
     ExactVerticalHeads,
+    a_shape_lists,
     element_block_mask,
     grid_block_mask,
     grid_lists,
     lists_from_chunks,
     lists_from_element_chunks,
     static_block_mask,
-    vertical_slash_block_mask,
+    vertical_slash_lists,
 )
 
 _STATIC = {
@@ -179,6 +180,11 @@ def _plan_static(ctx: _Ctx, cfgs, kind) -> tuple:
     if not params:
         params = {"n": torch.zeros(N, dtype=torch.int64, device=ctx.q.device)}
     nb = -(-ctx.S // ctx.block)
+    if kind == "a_shape":  # columns + diagonals: built without an NQB x NKB mask
+        sink = [c.pattern.sink for c in cfgs] * ctx.B
+        window = [c.pattern.window for c in cfgs] * ctx.B
+        idx, cnt = a_shape_lists(sink, window, ctx.S, ctx.block, ctx.q.device)
+        return idx, cnt, None, None, {}
     idx, cnt = lists_from_chunks(
         static_block_mask(kind, params, ctx.S, ctx.block), N, nb, nb, ctx.q.device
     )
@@ -204,11 +210,8 @@ def _plan_vs(ctx: _Ctx, hs, cfgs, exact: bool = False) -> tuple:
     L = max(c.pattern.last_q for c in cfgs)
     col, slash = ctx.lines_last(L)
     vert, sl = _vs_topk(ctx.sel(col, hs), ctx.sel(slash, hs), cfgs, ctx.B)
-    N, nb = vert.shape[0], -(-ctx.S // ctx.block)
     if not exact:
-        idx, cnt = lists_from_chunks(
-            vertical_slash_block_mask(vert, sl, ctx.S, ctx.block), N, nb, nb, ctx.q.device
-        )
+        idx, cnt = vertical_slash_lists(vert, sl, ctx.S, ctx.block)
         return idx, cnt, None, None, {"vertical": vert, "slash": sl}
     if ctx.block not in (64, 128):
         raise ValueError(
@@ -216,10 +219,7 @@ def _plan_vs(ctx: _Ctx, hs, cfgs, exact: bool = False) -> tuple:
             f"which takes block 64 or 128; expected plan block 64 or 128, got {ctx.block}"
         )
     # Slash tiles only in the block lists; the columns go to the exact kernel.
-    idx, cnt = lists_from_chunks(
-        vertical_slash_block_mask(torch.full_like(vert[:, :1], -1), sl, ctx.S, ctx.block),
-        N, nb, nb, ctx.q.device,
-    )  # fmt: skip
+    idx, cnt = vertical_slash_lists(torch.full_like(vert[:, :1], -1), sl, ctx.S, ctx.block)
     vert = torch.sort(vert, dim=-1).values  # -1 padding first
     sl = torch.sort(sl, dim=-1).values
     Hg = len(hs)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from sparse_kernels.permuted.perms import block_lists_from_mask, compact_by_mask, host_ints
 
+from ._device import to_device
+
 # Element budget of one chunk of a block-mask or element-mask builder (bools).
 _CHUNK_ELEMS = 1 << 27
 
@@ -321,6 +323,166 @@ def vertical_slash_block_mask(
         return out
 
     return fn
+
+
+# Element budget of one chunk of :func:`line_block_lists` (int64 temporaries, several per chunk).
+_LINE_CHUNK_ELEMS = 1 << 25
+
+
+def _sorted_unique(x: torch.Tensor, pad: int, *, descending: bool = False) -> torch.Tensor:
+    """Per row, the distinct values of ``x`` sorted, the repeats replaced by ``pad`` (which
+    sorts to the end ascending, to the front descending). ``x`` may already hold ``pad``."""
+    x = torch.sort(x, dim=-1).values
+    rep = torch.zeros_like(x, dtype=torch.bool)
+    rep[:, 1:] = x[:, 1:] == x[:, :-1]
+    x = torch.sort(torch.where(rep, pad, x), dim=-1, descending=descending).values
+    return x
+
+
+def line_block_lists(
+    vblk: torch.Tensor, dist: torch.Tensor, m0: int, m1: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block lists of query blocks ``m0 <= m < m1`` for patterns made of key-block columns and
+    block diagonals: row ``m`` lists every column block ``n`` in ``vblk`` with ``n <= m`` and every
+    ``m - d`` for ``d`` in ``dist`` with ``d <= m``, once each, in increasing order.
+
+    Args:
+        vblk: int64 ``[N, A]``, per row sorted ascending and distinct; entries ``>= m1`` are
+            padding (never listed).
+        dist: int64 ``[N, C]``, per row sorted descending and distinct; entries ``>= m1`` are
+            padding.
+
+    Returns:
+        int32 ``[N, m1 - m0, max(1, max count)]`` (listed blocks first, then zeros) and int32
+        counts ``[N, m1 - m0]``: what :func:`lists_from_chunks` gives for the same block mask,
+        built by ranks in ``O(rows * (A + C))``, not from an ``NQB x NKB`` mask. The two sorted
+        sets of a row are merged by counting, for each entry, the entries of the other set below
+        it (``searchsorted``); a diagonal block that is also a column block is listed once.
+    """
+    return _trim(*_line_lists_wide(vblk, dist, m0, m1))
+
+
+def _trim(idx: torch.Tensor, cnt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cut lists to the longest count (one read-back), at least 1 wide."""
+    width = max(1, *host_ints(cnt.max())) if cnt.numel() else 1
+    if idx.shape[-1] < width:
+        raise AssertionError(f"block lists: width {idx.shape[-1]} holds fewer than {width}")
+    return idx[..., :width].contiguous(), cnt
+
+
+def _line_lists_wide(
+    vblk: torch.Tensor, dist: torch.Tensor, m0: int, m1: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`line_block_lists` at the bound width ``A + C`` (no read-back)."""
+    N, A = vblk.shape
+    C = dist.shape[1]
+    W = A + C
+    dev = vblk.device
+    step = max(1, _LINE_CHUNK_ELEMS // max(1, N * W))
+    ar_a = torch.arange(A, device=dev, dtype=torch.int32)
+    idx_chunks, cnt_chunks = [], []
+    for r0 in range(m0, m1, step):
+        r1 = min(m1, r0 + step)
+        R = r1 - r0
+        m = torch.arange(r0, r1, device=dev)
+        sblk = m[None, :, None] - dist[:, None, :]  # [N, R, C], ascending along C
+        below = torch.searchsorted(vblk, sblk.reshape(N, R * C)).reshape(N, R, C)  # #cols < s
+        dup = vblk.gather(1, below.clamp(max=A - 1).reshape(N, -1)).reshape(N, R, C) == sblk
+        ok_s = (sblk >= 0) & ~dup
+        cs = ok_s.cumsum(-1, dtype=torch.int32)  # listed diagonals up to and including each
+        rank_s = cs - ok_s.int() + below.int()
+        ok_v = vblk[:, None, :] <= m[None, :, None]  # [N, R, A]: a prefix of each row
+        vals = vblk[:, None, :].expand(N, R, A).reshape(N * R, A).contiguous()
+        pos = torch.searchsorted(sblk.reshape(N * R, C), vals, out_int32=True)  # cands < v
+        cs0 = torch.nn.functional.pad(cs, (1, 0))  # cs0[p] = listed among the first p
+        rank_v = ar_a + cs0.gather(-1, pos.reshape(N, R, A).long())
+        out = torch.zeros(N, R, W + 1, dtype=torch.int32, device=dev)
+        vv = vblk[:, None, :].expand(N, R, A).int()
+        out.scatter_(-1, torch.where(ok_v, rank_v, W).long(), vv)
+        out.scatter_(-1, torch.where(ok_s, rank_s, W).long(), sblk.int())
+        idx_chunks.append(out[..., :W])
+        cnt_chunks.append(ok_v.sum(-1, dtype=torch.int32) + cs[..., -1])
+    return torch.cat(idx_chunks, dim=1), torch.cat(cnt_chunks, dim=1)
+
+
+def _compact_wide(mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block lists of a bool mask ``[..., NKB]`` at a given width (no read-back); ``width``
+    must hold every row's count."""
+    pos = mask.cumsum(-1, dtype=torch.int32)
+    cols = torch.arange(mask.shape[-1], dtype=torch.int32, device=mask.device).expand_as(mask)
+    out = torch.zeros(*mask.shape[:-1], width + 1, dtype=torch.int32, device=mask.device)
+    out.scatter_(-1, torch.where(mask, pos - 1, width).long(), cols)
+    return out[..., :width], pos[..., -1]
+
+
+_PATHS = ("auto", "lines", "mask")
+
+
+def _use_lines(path: str, width: int, nkb: int) -> bool:
+    """``auto``: the line path once its candidates per row (``width``) are at most half the key
+    blocks. On an H100 (``benchmarks/list_builders.py``) it was slower at 128K tokens for
+    ~2000-3000 candidates in 2048 key blocks, and 1.3-4x faster at 512K-1M (8192-16384)."""
+    if path not in _PATHS:
+        raise ValueError(f"path: expected one of {_PATHS}, got {path!r}")
+    return path == "lines" or (path == "auto" and 2 * width <= nkb)
+
+
+def vertical_slash_lists(
+    vertical: torch.Tensor, slash: torch.Tensor, S: int, blk: int, *, path: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block lists of :func:`vertical_slash_block_mask` (exactly: same indices, counts and
+    width). ``path="lines"`` builds them from the columns' blocks and the diagonals' block
+    distances by :func:`line_block_lists`, ``"mask"`` compacts the ``NQB x NKB`` block mask in
+    chunks (at 1M tokens 2.7e8 entries per head), ``"auto"`` picks by :func:`_use_lines`. On the
+    line path a partial last query block (``S % blk != 0``), which sees fewer keys, still comes
+    from the mask."""
+    nkb = -(-S // blk)
+    if not _use_lines(path, vertical.shape[1] + 2 * slash.shape[1], nkb):
+        fn = vertical_slash_block_mask(vertical, slash, S, blk)
+        return lists_from_chunks(fn, vertical.shape[0], nkb, nkb, vertical.device)
+    vblk = _sorted_unique(torch.where(vertical >= 0, vertical // blk, nkb), nkb)
+    ok = slash >= 0
+    d = torch.cat([torch.where(ok, slash // blk, nkb), torch.where(ok, -(-slash // blk), nkb)], 1)
+    dist = _sorted_unique(d.clamp(max=nkb), nkb, descending=True)
+    full = nkb if S % blk == 0 else nkb - 1
+    idx, cnt = _line_lists_wide(vblk, dist, 0, full)
+    if full < nkb:  # one block per column, two per diagonal at most: A + C holds the row
+        fn = vertical_slash_block_mask(vertical, slash, S, blk)
+        last = _compact_wide(fn(full, nkb), idx.shape[-1])
+        idx, cnt = torch.cat([idx, last[0]], dim=1), torch.cat([cnt, last[1]], dim=1)
+    return _trim(idx, cnt)
+
+
+def a_shape_lists(
+    sink: list[int], window: list[int], S: int, blk: int, device, *, path: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block lists of ``static_block_mask("a_shape", ...)`` (exactly), per row ``n`` of the
+    lists with ``sink[n]``, ``window[n]`` (Python ints); ``path`` as in
+    :func:`vertical_slash_lists`. On the line path, with full query blocks the sink covers
+    column blocks ``n < ceil(sink / blk)`` and the window the distances
+    ``0 .. floor((window + blk - 2) / blk)``; the partial last query block, if any, lists the
+    same blocks (its keys end earlier, but every listed block still starts at or before its last
+    row)."""
+    if len(sink) != len(window) or not sink:
+        raise ValueError(f"a_shape_lists: expected one window per sink, got {len(sink)} sinks "
+                         f"and {len(window)} windows")  # fmt: skip
+    nkb = -(-S // blk)
+    sb = [max(0, min(nkb, -(-s // blk))) for s in sink]
+    # Distances d whose nearest pair lies in the window: d * blk - (blk - 1) <= window - 1.
+    dw = [min(nkb - 1, (w + blk - 2) // blk) for w in window]
+    A, C = max(1, *sb), max(1, *(d + 1 for d in dw))
+    if not _use_lines(path, A + C, nkb):
+        p = {
+            "sink": to_device(torch.tensor(sink), device),
+            "window": to_device(torch.tensor(window), device),
+        }
+        return lists_from_chunks(
+            static_block_mask("a_shape", p, S, blk), len(sink), nkb, nkb, device
+        )
+    ar_a, ar_c = torch.arange(A), torch.arange(C - 1, -1, -1)
+    vblk = torch.where(ar_a[None] < torch.tensor(sb)[:, None], ar_a[None], nkb)
+    dist = torch.where(ar_c[None] <= torch.tensor(dw)[:, None], ar_c[None], nkb)
+    return line_block_lists(to_device(vblk, device), to_device(dist, device), 0, nkb)
 
 
 # ---------------------------------------------------------------------------------------------

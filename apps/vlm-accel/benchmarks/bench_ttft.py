@@ -186,7 +186,7 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
 
     def dynamic(q, k, v, *, layer_idx, scale):
         tok = timer.start("estimation")
-        plan = plan_layer(q, k, heads, layout, scale=scale)
+        plan = plan_layer(q, k, heads, layout, scale=scale, exact_vertical_lists=False)
         timer.stop(tok)
         return plan.run(q, k, v, scale=scale).out
 

@@ -588,6 +588,19 @@ def test_exact_vertical_heads_run_the_minference_set(impl):
     assert_close_budget(out.out, low.out, gold.out, dtype=torch.float32)
     with pytest.raises(NotImplementedError, match="exact_verticals"):
         plan.to_block_mask()
+    # Execution-only plan: no slash-tile lists for the exact heads, the same output bit for bit,
+    # the other heads' lists unchanged, and the metrics refuse.
+    lean = plan_layer(q, k, cfgs, None, block=64, exact_vertical_lists=False)
+    exact_heads = [h for p in plan.exact_vertical for h in p.heads]
+    assert int(lean.kv_block_counts[:, exact_heads].sum()) == 0
+    assert int(plan.kv_block_counts[:, exact_heads].sum()) > 0
+    w = lean.kv_block_indices.shape[-1]
+    assert torch.equal(lean.kv_block_counts[:, [1, 4]], plan.kv_block_counts[:, [1, 4]])
+    assert torch.equal(lean.kv_block_indices[:, [1, 4]], plan.kv_block_indices[:, [1, 4], :, :w])
+    assert torch.equal(lean.run(q, k, v, impl=impl).out, out.out)
+    for metric in (lambda p: p.computed_blocks, lambda p: p.density(), lambda p: p.row_mask(rows)):
+        with pytest.raises(ValueError, match="exact_vertical_lists=False"):
+            metric(lean)
 
 
 def test_exact_vertical_heads_need_block_64_or_128():

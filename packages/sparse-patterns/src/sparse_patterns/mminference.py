@@ -206,10 +206,11 @@ def _vs_topk(col: torch.Tensor, slash: torch.Tensor, cfgs, B: int):
     return vert, sl
 
 
-def _plan_vs(ctx: _Ctx, hs, cfgs, exact: bool = False) -> tuple:
+def _plan_vs(ctx: _Ctx, hs, cfgs, exact: bool = False, exact_lists: bool = True) -> tuple:
     L = max(c.pattern.last_q for c in cfgs)
     col, slash = ctx.lines_last(L)
     vert, sl = _vs_topk(ctx.sel(col, hs), ctx.sel(slash, hs), cfgs, ctx.B)
+    N = vert.shape[0]
     if not exact:
         idx, cnt = vertical_slash_lists(vert, sl, ctx.S, ctx.block)
         return idx, cnt, None, None, {"vertical": vert, "slash": sl}
@@ -218,8 +219,14 @@ def _plan_vs(ctx: _Ctx, hs, cfgs, exact: bool = False) -> tuple:
             f"VerticalSlash(exact_verticals=True) runs sparse_kernels.vertical_slash_attention, "
             f"which takes block 64 or 128; expected plan block 64 or 128, got {ctx.block}"
         )
-    # Slash tiles only in the block lists; the columns go to the exact kernel.
-    idx, cnt = vertical_slash_lists(torch.full_like(vert[:, :1], -1), sl, ctx.S, ctx.block)
+    # Slash tiles only in the block lists; the columns go to the exact kernel. The lists are
+    # for the plan's metrics: BlockPlan.run leaves these heads out of the block-sparse launch.
+    if exact_lists:
+        idx, cnt = vertical_slash_lists(torch.full_like(vert[:, :1], -1), sl, ctx.S, ctx.block)
+    else:
+        nb = -(-ctx.S // ctx.block)
+        idx = torch.zeros(N, nb, 1, dtype=torch.int32, device=vert.device)
+        cnt = torch.zeros(N, nb, dtype=torch.int32, device=vert.device)
     vert = torch.sort(vert, dim=-1).values  # -1 padding first
     sl = torch.sort(sl, dim=-1).values
     Hg = len(hs)
@@ -572,6 +579,7 @@ def plan_layer(
     *,
     block: int = 64,
     scale: float | None = None,
+    exact_vertical_lists: bool = True,
 ) -> BlockPlan:
     """Estimate every head's sparse index and return one :class:`BlockPlan` for the layer.
 
@@ -581,6 +589,12 @@ def plan_layer(
         layout: None (all text), a :class:`~sparse_patterns.layout.TokenLayout` or a
             ``modality_index.ModalityLayout``-like object (same layout for every batch row).
         block: block size of the plan (block_m = block_n).
+        exact_vertical_lists: build the slash-tile block lists of the
+            ``VerticalSlash(exact_verticals=True)`` heads. ``BlockPlan.run`` does not read them
+            (those heads run ``vertical_slash_attention`` from their columns and diagonals);
+            the plan's metrics do. ``False`` gives an execution-only plan: those heads get
+            empty lists, and the metrics raise (at 1M tokens the lists are about 2000 blocks
+            per query block and head, which also widens the layer's index tensor).
     """
     from sparse_kernels._validate import check_scale
 
@@ -621,7 +635,7 @@ def plan_layer(
         elif ptype in _STATIC:
             res = _plan_static(ctx, gc, _STATIC[ptype])
         elif ptype is VerticalSlash:
-            res = _plan_vs(ctx, hs, gc, exact)
+            res = _plan_vs(ctx, hs, gc, exact, exact_vertical_lists)
         elif ptype is Grid:
             res = _plan_grid(ctx, hs, gc)
         elif ptype is BlockSparse:
@@ -657,7 +671,7 @@ def plan_layer(
             phase[:, at] = meta["phase"].reshape(B, Hg)
     return BlockPlan(
         idx, cnt, q_perm, kv_perm, block, S, {"stride": stride, "phase": phase},
-        tuple(exact_vertical),
+        tuple(exact_vertical), exact_lists=exact_vertical_lists or not exact_vertical,
     )  # fmt: skip
 
 
@@ -677,7 +691,9 @@ def mminference_attention(
     ``impl`` is passed to ``sparse_kernels.permuted_block_sparse_attention`` (``"auto"``:
     Triton on CUDA, the exact PyTorch reference elsewhere).
     """
-    plan = plan_layer(q, k, head_config, layout, block=block, scale=scale)
+    plan = plan_layer(
+        q, k, head_config, layout, block=block, scale=scale, exact_vertical_lists=False
+    )
     return plan.run(q, k, v, scale=scale, impl=impl)
 
 

@@ -49,6 +49,9 @@ class BlockPlan:
     ``meta``: what estimation found (e.g. ``{"stride": [B, H], "phase": [B, H]}``).
     ``exact_vertical``: Vertical-Slash heads whose columns are attended exactly (see
     :class:`ExactVerticalHeads`); they are left out of the block-sparse launch.
+    ``exact_lists``: False for an execution-only plan (``plan_layer(...,
+    exact_vertical_lists=False)``), whose exact-vertical heads have empty block lists; its
+    metrics (``computed_blocks``, ``density``, ``row_mask``) raise.
     """
 
     kv_block_indices: torch.Tensor
@@ -59,11 +62,21 @@ class BlockPlan:
     S: int
     meta: dict
     exact_vertical: tuple[ExactVerticalHeads, ...] = ()
+    exact_lists: bool = True
+
+    def _need_lists(self, what: str) -> None:
+        if not self.exact_lists:
+            raise ValueError(
+                f"BlockPlan.{what}: this plan was built with exact_vertical_lists=False "
+                f"(execution only: its exact-vertical heads have no slash-tile lists); expected "
+                f"a plan from plan_layer(..., exact_vertical_lists=True)"
+            )
 
     @property
     def computed_blocks(self) -> int:
         """Listed blocks, plus for exact-vertical heads one ``1 / block`` of a tile per column
         and query block that sees it (an upper bound: columns inside slash tiles count twice)."""
+        self._need_lists("computed_blocks")
         n = int(self.kv_block_counts.sum())
         nqb = -(-self.S // self.block)
         for part in self.exact_vertical:
@@ -79,6 +92,7 @@ class BlockPlan:
     def row_mask(self, rows: torch.Tensor) -> torch.Tensor:
         """Exact executed mask for ORIGINAL query rows ``rows`` (int64 ``[R]``), original key
         order: bool ``[B, H, R, S]``."""
+        self._need_lists("row_mask")
         B, H, nqb, maxb = self.kv_block_indices.shape
         S, blk = self.S, self.block
         nkb = -(-S // blk)
@@ -159,7 +173,7 @@ class BlockPlan:
         from sparse_kernels import permuted_block_sparse_attention, vertical_slash_attention
 
         counts = self.kv_block_counts
-        if self.exact_vertical:
+        if self.exact_vertical and self.exact_lists:
             counts = counts.clone()
             for part in self.exact_vertical:
                 counts[:, list(part.heads)] = 0

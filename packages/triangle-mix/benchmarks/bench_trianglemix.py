@@ -11,6 +11,10 @@
   gets the clustered index set of the vertical-slash kernel benchmark (1000 uniform verticals;
   the 64 local slashes plus runs of 64 adjacent offsets at log-uniform distances), the shape
   estimated slashes have on real models, so the timing reflects a real model's sparse layers.
+- ``vs-local+trianglemix``: ``vs+trianglemix`` on the same weights with a shared query/key bias
+  per KV head (norm ``QK_BIAS_NORM``, added to the q and k projections by forward hooks, before
+  RoPE), which RoPE turns into local attention, as real heads mostly are. The estimator finds
+  the structure itself (no injected indices); the dense layers cost the same with or without it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ transformers = pytest.importorskip("transformers")
 
 LENGTHS = {"32K": 32768, "64K": 65536, "128K": 131072}
 START = 16  # the paper's decline for Llama-3.1-8B is between layers 10 and 20
+QK_BIAS_NORM = 16.0
 
 
 @functools.cache
@@ -64,6 +69,7 @@ def _vertical_slash_dynamic(clustered: bool = False):
 
     def dynamic(q, k, v, *, layer_idx, scale):
         vert, slash = estimate_vertical_slash(q, k, pattern, scale=scale)
+        dynamic.last_slash = slash  # the estimate of the last dynamic layer, read after timing
         if clustered:
             B, H, S, _ = q.shape
             if S not in fixed:
@@ -77,8 +83,28 @@ def _vertical_slash_dynamic(clustered: bool = False):
     return dynamic
 
 
+def _local_qk_hooks(model) -> list:
+    """Forward hooks adding one random direction of norm ``QK_BIAS_NORM`` per KV head to that
+    head's keys and to the queries of its group (every layer its own directions, seeded)."""
+    cfg = model.config
+    D = cfg.hidden_size // cfg.num_attention_heads
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    hooks = []
+    for layer in model.model.layers:
+        b = torch.randn(cfg.num_key_value_heads, D, device="cuda", generator=g)
+        b = b / b.norm(dim=-1, keepdim=True) * QK_BIAS_NORM
+        kb = b.reshape(-1).to(torch.bfloat16)
+        qb = b.repeat_interleave(group, 0).reshape(-1).to(torch.bfloat16)
+        attn = layer.self_attn
+        hooks.append(attn.q_proj.register_forward_hook(lambda m, a, o, x=qb: o + x))
+        hooks.append(attn.k_proj.register_forward_hook(lambda m, a, o, x=kb: o + x))
+    return hooks
+
+
 @pytest.mark.parametrize(
-    "method", ["dense", "trianglemix", "vs+trianglemix", "vs-clustered+trianglemix"]
+    "method",
+    ["dense", "trianglemix", "vs+trianglemix", "vs-clustered+trianglemix", "vs-local+trianglemix"],
 )
 @pytest.mark.parametrize("length", list(LENGTHS))
 def test_prefill_ttft(benchmark, length, method):
@@ -89,13 +115,15 @@ def test_prefill_ttft(benchmark, length, method):
     ids = torch.randint(
         0, 128256, (1, S), device="cuda", generator=torch.Generator("cuda").manual_seed(S)
     )
-    handle = None
+    handle = slash_info = None
+    hooks = _local_qk_hooks(model) if method == "vs-local+trianglemix" else []
     if method == "trianglemix":
         handle = apply_triangle_mix(model, LayerPolicy.triangle_from(32, START))
-    elif method in ("vs+trianglemix", "vs-clustered+trianglemix"):
+    elif method in ("vs+trianglemix", "vs-clustered+trianglemix", "vs-local+trianglemix"):
         policy = LayerPolicy.triangle_from(32, START, shallow="dynamic")
         dynamic = _vertical_slash_dynamic(clustered=method.startswith("vs-clustered"))
         handle = apply_triangle_mix(model, policy, dynamic=dynamic)
+        slash_info = dynamic
     try:
         logits = _prefill(model, ids)
         assert torch.isfinite(logits).all()
@@ -104,8 +132,16 @@ def test_prefill_ttft(benchmark, length, method):
     finally:
         if handle is not None:
             handle.remove()
+        for hk in hooks:
+            hk.remove()
     benchmark.extra_info.update(env_info())
     benchmark.extra_info.update(
         method=method, tokens=S, start_layer=START, median_s=benchmark.stats.stats.median,
         peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
     )  # fmt: skip
+    if slash_info is not None:  # where the estimator put the slashes (layer START - 1)
+        off = slash_info.last_slash.float()
+        benchmark.extra_info.update(
+            estimated_slash_offset_median=off.median().item(),
+            estimated_slash_frac_within_8192=(off < 8192).float().mean().item(),
+        )

@@ -103,7 +103,7 @@ def test_vertical_slash_block_mask_random_chunks(S, blk):
 @pytest.mark.parametrize(
     "S, blk, nv, ns",
     [(301, 32, 9, 7), (256, 64, 9, 7), (1000, 16, 40, 30), (70, 64, 5, 5), (4096, 64, 0, 60),
-     (2049, 16, 200, 3), (64, 64, 3, 3)],
+     (2049, 16, 200, 3), (64, 64, 3, 3), (40, 64, 3, 3)],
 )  # fmt: skip
 def test_vertical_slash_lists_equal_the_block_mask_path(S, blk, nv, ns):
     """The rank-merged lists equal, entry for entry (indices, counts, width, zero padding), the

@@ -416,6 +416,11 @@ def _line_lists_wide(
         out.scatter_(-1, torch.where(ok_s, rank_s, W).long(), sblk.int())
         idx_chunks.append(out[..., :W])
         cnt_chunks.append(ok_v.sum(-1, dtype=torch.int32) + cs[..., -1])
+    if not idx_chunks:  # no rows (a sequence shorter than one block has only a partial row)
+        return (
+            torch.zeros(N, 0, W, dtype=torch.int32, device=dev),
+            torch.zeros(N, 0, dtype=torch.int32, device=dev),
+        )
     return torch.cat(idx_chunks, dim=1), torch.cat(cnt_chunks, dim=1)
 
 

@@ -459,6 +459,10 @@ def vertical_slash_lists(
     if not _use_lines(path, vertical.shape[1] + 2 * slash.shape[1], nkb):
         fn = vertical_slash_block_mask(vertical, slash, S, blk)
         return lists_from_chunks(fn, vertical.shape[0], nkb, nkb, vertical.device)
+    if vertical.shape[1] == 0 or slash.shape[1] == 0:  # an empty set: one ignored (-1) entry
+        pad = torch.nn.functional.pad
+        vertical = pad(vertical, (0, int(vertical.shape[1] == 0)), value=-1)
+        slash = pad(slash, (0, int(slash.shape[1] == 0)), value=-1)
     vblk = _sorted_unique(torch.where(vertical >= 0, vertical // blk, nkb), nkb)
     ok = slash >= 0
     d = torch.cat([torch.where(ok, slash // blk, nkb), torch.where(ok, -(-slash // blk), nkb)], 1)

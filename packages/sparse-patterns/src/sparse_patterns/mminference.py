@@ -175,16 +175,16 @@ class _Ctx:
 
 
 def _plan_static(ctx: _Ctx, cfgs, kind) -> tuple:
-    N = ctx.B * len(cfgs)
-    params = {f: _per_head(cfgs, ctx.B, f, ctx.q.device) for f in _STATIC_FIELDS[kind]}
-    if not params:
-        params = {"n": torch.zeros(N, dtype=torch.int64, device=ctx.q.device)}
-    nb = -(-ctx.S // ctx.block)
     if kind == "a_shape":  # columns + diagonals: built without an NQB x NKB mask
         sink = [c.pattern.sink for c in cfgs] * ctx.B
         window = [c.pattern.window for c in cfgs] * ctx.B
         idx, cnt = a_shape_lists(sink, window, ctx.S, ctx.block, ctx.q.device)
         return idx, cnt, None, None, {}
+    N = ctx.B * len(cfgs)
+    params = {f: _per_head(cfgs, ctx.B, f, ctx.q.device) for f in _STATIC_FIELDS[kind]}
+    if not params:
+        params = {"n": torch.zeros(N, dtype=torch.int64, device=ctx.q.device)}
+    nb = -(-ctx.S // ctx.block)
     idx, cnt = lists_from_chunks(
         static_block_mask(kind, params, ctx.S, ctx.block), N, nb, nb, ctx.q.device
     )

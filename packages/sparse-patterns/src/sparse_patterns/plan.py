@@ -424,16 +424,6 @@ def _line_lists_wide(
     return torch.cat(idx_chunks, dim=1), torch.cat(cnt_chunks, dim=1)
 
 
-def _compact_wide(mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block lists of a bool mask ``[..., NKB]`` at a given width (no read-back); ``width``
-    must hold every row's count."""
-    pos = mask.cumsum(-1, dtype=torch.int32)
-    cols = torch.arange(mask.shape[-1], dtype=torch.int32, device=mask.device).expand_as(mask)
-    out = torch.zeros(*mask.shape[:-1], width + 1, dtype=torch.int32, device=mask.device)
-    out.scatter_(-1, torch.where(mask, pos - 1, width).long(), cols)
-    return out[..., :width], pos[..., -1]
-
-
 _PATHS = ("auto", "lines", "mask")
 
 
@@ -471,7 +461,9 @@ def vertical_slash_lists(
     idx, cnt = _line_lists_wide(vblk, dist, 0, full)
     if full < nkb:  # one block per column, two per diagonal at most: A + C holds the row
         fn = vertical_slash_block_mask(vertical, slash, S, blk)
-        last = _compact_wide(fn(full, nkb), idx.shape[-1])
+        row = fn(full, nkb)
+        cols = torch.arange(nkb, dtype=torch.int32, device=row.device).expand_as(row)
+        last = compact_by_mask(row, cols, width=idx.shape[-1])
         idx, cnt = torch.cat([idx, last[0]], dim=1), torch.cat([cnt, last[1]], dim=1)
     return _trim(idx, cnt)
 

@@ -230,18 +230,23 @@ def block_lists_from_mask(
     return idx[..., :width].contiguous(), counts
 
 
-def compact_by_mask(mask: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def compact_by_mask(
+    mask: torch.Tensor, values: torch.Tensor, *, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of the last dim, the ``values`` where ``mask`` is set, in position order (what a
     stable sort of ``~mask`` would gather), then zeros; by ranks (a cumulative sum), not a sort.
 
     Args:
         mask: bool ``[..., W]``; values: int ``[..., W]`` (same shape).
+        width: output width; None reads the largest count back from the device. A given width
+            must hold every row's count (entries past it are dropped).
     Returns:
-        int32 ``[..., max(1, max count)]`` and int32 counts ``[...]``.
+        int32 ``[..., width or max(1, max count)]`` and int32 counts ``[...]``.
     """
     pos = _running_count(mask)  # 1-based rank of each set entry in its row
     counts = pos[..., -1] if mask.shape[-1] else mask.sum(-1, dtype=torch.int32)
-    width = max(1, *host_ints(counts.max())) if counts.numel() else 1
+    if width is None:
+        width = max(1, *host_ints(counts.max())) if counts.numel() else 1
     out = torch.zeros(*mask.shape[:-1], width + 1, dtype=torch.int32, device=mask.device)
     # Set entries go to their rank; the others to a dropped last column.
     out.scatter_(-1, torch.where(mask, pos - 1, width).long(), values.to(torch.int32))

@@ -11,7 +11,7 @@ from sparse_kernels.permuted import (
     permuted_block_sparse_attention_reference,
     permuted_mask,
 )
-from sparse_kernels.permuted.triton import _launch_permuted_fwd
+from sparse_kernels.permuted.triton import _kv_block_summaries, _launch_permuted_fwd
 from sparse_kernels.testing import (
     assert_close_budget,
     default_device,
@@ -405,6 +405,34 @@ def test_compact_by_mask_matches_a_stable_sort(width):
     wmax = max(1, int(mask.sum(-1).max()))
     assert torch.equal(cnt.cpu(), mask.sum(-1).to(torch.int32))
     assert torch.equal(out.cpu(), want[..., :wmax])
+
+
+@pytest.mark.parametrize(
+    ("B_perm", "B_mod", "heads", "S", "blk"), [(1, 2, 3, 100, 32), (2, 1, 1, 64, 16)]
+)
+def test_kv_block_summaries_match_their_definition(B_perm, B_mod, heads, S, blk):
+    # The kernel's mask-needed test reads these; compared exactly with a loop over the blocks.
+    g = _gen(21)
+    perm = _random_perm((B_perm, heads), S, g)
+    mod = torch.randint(0, MAX_MODALITIES, (B_mod, S), generator=g)
+    mod[:, : S // 2] = 3  # blocks with a single modality too
+    kv_max, kv_set = _kv_block_summaries(perm, mod, blk, S, causal=True)
+    B_ = max(B_perm, B_mod)
+    nkb = -(-S // blk)
+    assert kv_max.shape == kv_set.shape == (B_, heads, nkb)
+    for b in range(B_):
+        for h in range(heads):
+            for n in range(nkb):
+                cols = perm[b % B_perm, h, n * blk : (n + 1) * blk].long()
+                assert kv_max[b, h, n] == cols.max()
+                want = sum(1 << m for m in set(mod[b % B_mod, cols].tolist()))
+                assert kv_set[b, h, n] == want
+    # Without a permutation: blocks of the original order; without causality: no max.
+    kv_max, kv_set = _kv_block_summaries(None, mod, blk, S, causal=True)
+    assert kv_max is None and kv_set.shape == (B_mod, 1, nkb)
+    want = [sum(1 << m for m in set(mod[0, n * blk : (n + 1) * blk].tolist())) for n in range(nkb)]
+    assert kv_set[0, 0].tolist() == want
+    assert _kv_block_summaries(perm, None, blk, S, causal=False) == (None, None)
 
 
 def test_per_head_permutations_in_one_launch_match_per_head_calls():

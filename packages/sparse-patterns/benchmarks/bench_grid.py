@@ -318,3 +318,45 @@ def test_boundary_overhead(benchmark, boundary, provider):
         density=plan.density(),
         boundary=boundary,
     )
+
+
+@pytest.mark.parametrize("variant", ["unpermuted", "q-perm", "q-perm+kv-identity", "q+kv-perm"])
+def test_boundary_gather_cost(benchmark, variant):
+    """Where a 2D-Boundary head's extra time goes: the 2D plan's block lists, run with no
+    permutation, with the query permutation only, with the query permutation plus an identity key
+    permutation (the key indirection without its scattered rows), and with both real permutations
+    (= ``plan.run``). Same tiles in every variant; only the loads and stores differ."""
+    from sparse_kernels import permuted_block_sparse_attention
+
+    S = BOUNDARY_S
+    q, k, v = _video_qkv(S)
+    plan = _boundary_plan("2d")
+    q_perm = plan.q_perm if variant != "unpermuted" else None
+    kv_perm = {
+        "unpermuted": None,
+        "q-perm": None,
+        "q-perm+kv-identity": torch.arange(S, dtype=torch.int32, device=DEV)
+        .expand_as(plan.kv_perm)
+        .contiguous(),
+        "q+kv-perm": plan.kv_perm,
+    }[variant]
+
+    def fn():
+        return permuted_block_sparse_attention(
+            q, k, v, kv_block_indices=plan.kv_block_indices, kv_block_counts=plan.kv_block_counts,
+            q_perm=q_perm, kv_perm=kv_perm, block_m=BLOCK, block_n=BLOCK,
+        )  # fmt: skip
+
+    if variant == "q+kv-perm":
+        assert torch.equal(fn().out, plan.run(q, k, v).out)
+    _run(benchmark, fn, 10)
+    dense_flops = attention_flops(B, H, causal_pairs(S, S), D)
+    record(
+        benchmark,
+        flops_dense=dense_flops,
+        flops_useful=dense_flops * plan.density(),
+        dtype="bf16",
+        S=S,
+        density=plan.density(),
+        variant=variant,
+    )

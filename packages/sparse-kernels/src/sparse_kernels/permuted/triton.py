@@ -97,6 +97,10 @@ def _permuted_blocks_inner(
     kvmod_base,
     stride_kvmod_s,
     q_pair,
+    q_mods,
+    kvmax_base,
+    kvset_base,
+    stride_sum_n,
     stride_k_s,
     stride_k_d,
     stride_v_s,
@@ -127,7 +131,10 @@ def _permuted_blocks_inner(
     n_sub = kv_block // BLOCK_N
     # The element mask is built only for tiles that need it: tiles past the key end, tiles with a
     # key after some row's position (causal), tiles holding a (query, key) modality pair that the
-    # entry's pair mask drops. Most tiles of a permuted head need none of it.
+    # entry's pair mask drops. Most tiles of a permuted head need none of it. The test reads two
+    # per-key-block summaries made at launch (the block's largest original position and its set
+    # of key modalities; for a sub-tile they are supersets, so the test can only err towards
+    # masking) instead of reducing over the tile's gathered columns.
     min_q_pos = tl.min(q_pos)
     for t in range(0, count * n_sub):
         blk = tl.load(idx_base + (t // n_sub) * stride_idx_n)
@@ -148,27 +155,35 @@ def _permuted_blocks_inner(
             mask=col_ok[:, None] & d_ok[None, :],
             other=0.0,
         )
+        need = start_p + BLOCK_N > S_KV
+        if APPLY_CAUSAL:
+            # Causality on ORIGINAL positions: that is what keeps a permuted causal head exact.
+            if HAS_KV_PERM:
+                max_col = tl.load(kvmax_base + blk.to(tl.int64) * stride_sum_n).to(tl.int64)
+            else:
+                max_col = start_p + BLOCK_N - 1
+            need = need | (max_col > min_q_pos)
+        if HAS_PAIRS:
+            bits = tl.load(pairs_base + (t // n_sub) * stride_pairs_n).to(tl.int64)
+            k_set = tl.load(kvset_base + blk.to(tl.int64) * stride_sum_n).to(tl.int64)
+            # Every query modality a of the tile must allow every key modality of the block.
+            for a in tl.static_range(PAIR_STRIDE):
+                row_a = (bits >> (a * PAIR_STRIDE)) & PAIR_ROW_BITS
+                drops = ((q_mods >> a) & 1) * ((row_a & k_set) != k_set).to(tl.int64)
+                need = need | (drops != 0)
         if IEEE:
             qk = tl.dot(q, k, input_precision="ieee")
         else:
             qk = tl.dot(q, k)
-        need = start_p + BLOCK_N > S_KV
-        if APPLY_CAUSAL:
-            # Causality on ORIGINAL positions: that is what keeps a permuted causal head exact.
-            need = need | (tl.max(cols) > min_q_pos)
-        if HAS_PAIRS:
-            bits = tl.load(pairs_base + (t // n_sub) * stride_pairs_n).to(tl.int64)
-            k_mod = tl.load(kvmod_base + cols * stride_kvmod_s, mask=col_ok, other=0).to(tl.int32)
-            # Row r keeps key modality m iff bit m of row_bits[r] is set.
-            row_bits = ((bits >> q_pair) & PAIR_ROW_BITS).to(tl.int32)
-            k_any = tl.reduce(1 << k_mod, 0, _bit_or)
-            need = need | (tl.min(((row_bits & k_any) == k_any).to(tl.int32)) == 0)
         if need:
             keep = col_ok[None, :]
             if APPLY_CAUSAL:
                 keep = keep & (cols[None, :] <= q_pos[:, None])
             if HAS_PAIRS:
-                keep = keep & (((row_bits[:, None] >> k_mod[None, :]) & 1) != 0)
+                k_mod = tl.load(kvmod_base + cols * stride_kvmod_s, mask=col_ok, other=0)
+                # Row r keeps key modality m iff bit m of its row of the pair mask is set.
+                row_bits = ((bits >> q_pair) & PAIR_ROW_BITS).to(tl.int32)
+                keep = keep & (((row_bits[:, None] >> k_mod.to(tl.int32)[None, :]) & 1) != 0)
             qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         # A row that has seen no key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
@@ -201,6 +216,8 @@ def _permuted_fwd_kernel(
     qmod_ptr,
     kvmod_ptr,
     pairs_ptr,
+    kvmax_ptr,
+    kvset_ptr,
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -245,6 +262,9 @@ def _permuted_fwd_kernel(
     stride_pairs_h,
     stride_pairs_m,
     stride_pairs_n,
+    stride_sum_b,
+    stride_sum_h,
+    stride_sum_n,
     H,
     GROUP,
     KVP_HEAD_DIV,
@@ -310,8 +330,14 @@ def _permuted_fwd_kernel(
     if HAS_PAIRS:
         q_mod = tl.load(qmod_ptr + b64 * stride_qmod_b + rows * stride_qmod_s, mask=row_ok, other=0)
         q_pair = q_mod.to(tl.int64) * PAIR_STRIDE
+        # The set of query modalities in this tile (bit a: some row has modality a).
+        q_mods = tl.reduce(tl.where(row_ok, 1 << q_mod.to(tl.int64), 0), 0, _bit_or)
     else:
         q_pair = tl.zeros([BLOCK_M], tl.int64)
+        q_mods = b64 * 0
+    sum_off = b64 * stride_sum_b + (h // KVP_HEAD_DIV).to(tl.int64) * stride_sum_h
+    kvmax_base = kvmax_ptr + sum_off
+    kvset_base = kvset_ptr + sum_off
     kvmod_base = kvmod_ptr + b64 * stride_kvmod_b
 
     qb = (start_m * BLOCK_M) // q_block
@@ -323,6 +349,7 @@ def _permuted_fwd_kernel(
     acc, l_i, m_i = _permuted_blocks_inner(
         acc, l_i, m_i, q, k_base, v_base, kvp_base, idx_base, stride_idx_n, count,
         pairs_base, stride_pairs_n, kvmod_base, stride_kvmod_s, q_pair,
+        q_mods, kvmax_base, kvset_base, stride_sum_n,
         stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
         q_pos, offs_n, offs_d, S_KV, qk_scale,
         D, BLOCK_N, IS_CAUSAL, HAS_KV_PERM, HAS_PAIRS, IEEE,
@@ -335,6 +362,7 @@ def _permuted_fwd_kernel(
         acc, l_i, m_i = _permuted_blocks_inner(
             acc, l_i, m_i, q, k_base, v_base, kvp_base, fidx_base, stride_fidx_n, fcount,
             pairs_base, stride_pairs_n, kvmod_base, stride_kvmod_s, q_pair,
+            q_mods, kvmax_base, kvset_base, stride_sum_n,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
             q_pos, offs_n, offs_d, S_KV, qk_scale,
             D, BLOCK_N, False, HAS_KV_PERM, False, IEEE,
@@ -397,6 +425,54 @@ def _strides_blocks(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(0 if (i < 2 and t.shape[i] == 1) else t.stride(i) for i in range(t.ndim))
 
 
+def _kv_block_summaries(
+    kv_perm: torch.Tensor | None,
+    kv_modality: torch.Tensor | None,
+    kv_block: int,
+    S_KV: int,
+    *,
+    causal: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Per key block of the permuted order, what the kernel's "does this tile need the element
+    mask" test reads: the largest original position (int32, with ``kv_perm`` and ``causal``) and
+    the set of key modalities as a bit set (int32, with ``kv_modality``, i.e. pair masks).
+
+    ``kv_perm``: ``[B|1, Hp|1, S_KV]``; ``kv_modality``: ``[B|1, S_KV]`` in original order. Both
+    results have the shape ``[B', Hp, NKB]`` (``B'`` the broadcast batch, ``Hp`` the permutation's
+    heads or 1), so they share strides. A few small torch launches per call.
+    """
+    want_max = kv_perm is not None and causal
+    if not want_max and kv_modality is None:
+        return None, None
+    nkb = -(-S_KV // kv_block)
+    pad = nkb * kv_block - S_KV
+    B_ = max(kv_perm.shape[0] if kv_perm is not None else 1,
+             kv_modality.shape[0] if kv_modality is not None else 1)  # fmt: skip
+    Hp = kv_perm.shape[1] if kv_perm is not None else 1
+    kv_max = kv_set = None
+    if want_max:
+        p = torch.nn.functional.pad(kv_perm.to(torch.int32), (0, pad), value=-1)
+        kv_max = p.reshape(*p.shape[:2], nkb, kv_block).amax(-1).expand(B_, Hp, nkb).contiguous()
+    if kv_modality is not None:
+        mods = kv_modality.long()[:, None, :].expand(B_, Hp, S_KV)
+        if kv_perm is not None:
+            mods = mods.gather(-1, kv_perm.long().expand(B_, Hp, S_KV))
+        # Set bit m of block n for each key of modality m: a scatter of ones into [.., nkb * M].
+        slot = torch.arange(S_KV, device=mods.device) // kv_block * MAX_MODALITIES + mods
+        hit = torch.zeros(B_, Hp, nkb * MAX_MODALITIES, dtype=torch.int32, device=mods.device)
+        hit.scatter_(-1, slot, 1)
+        weights = 1 << torch.arange(MAX_MODALITIES, dtype=torch.int32, device=mods.device)
+        kv_set = (hit.view(B_, Hp, nkb, MAX_MODALITIES) * weights).sum(-1, dtype=torch.int32)
+    return kv_max, kv_set
+
+
+def _strides_summary(t: torch.Tensor | None) -> tuple[int, int, int]:
+    """Strides (b, h, n) of a ``[B|1, Hp|1, NKB]`` summary; size-1 dims broadcast."""
+    if t is None:
+        return (0, 0, 0)
+    return tuple(0 if (i < 2 and t.shape[i] == 1) else t.stride(i) for i in range(3))
+
+
 def _launch_permuted_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -435,6 +511,9 @@ def _launch_permuted_fwd(
     if has_pairs:
         q_modality = q_modality.reshape(-1, S_Q)
         kv_modality = kv_modality.reshape(-1, S_KV)
+    kv_max, kv_set = _kv_block_summaries(
+        kv_perm, kv_modality if has_pairs else None, block_n, S_KV, causal=bool(causal)
+    )
     dummy = kv_block_counts  # any int tensor: never read when the HAS_* flag is off
     args = (
         q, k, v, out, lse,
@@ -444,12 +523,15 @@ def _launch_permuted_fwd(
         q_modality if has_pairs else dummy,
         kv_modality if has_pairs else dummy,
         kv_block_pairs if has_pairs else dummy,
+        kv_max if kv_max is not None else dummy,
+        kv_set if kv_set is not None else dummy,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *_strides3(q_perm), *_strides3(kv_perm),
         *_strides_blocks(kv_block_indices), *_strides_blocks(kv_block_counts),
         *_strides_blocks(fidx), *_strides_blocks(fcnt),
         *_strides_mod(q_modality), *_strides_mod(kv_modality),
         *(_strides_blocks(kv_block_pairs) if has_pairs else (0, 0, 0, 0)),
+        *_strides_summary(kv_max if kv_max is not None else kv_set),
         H, H // H_KV, kvp_div, S_Q, S_KV, block_m, block_n, scale, seq_bucket(S_KV),
     )  # fmt: skip
     flags = dict(

@@ -7,9 +7,11 @@ from sparse_kernels.permuted import (
     block_lists_from_mask,
     grid_line_offsets,
     inverse_permutation,
+    kv_block_runs,
     pair_bit,
     permuted_block_sparse_attention_reference,
     permuted_mask,
+    split_run_blocks,
 )
 from sparse_kernels.permuted.triton import _kv_block_summaries, _launch_permuted_fwd
 from sparse_kernels.testing import (
@@ -64,6 +66,22 @@ def _perms(kind, B, H, H_KV, S_Q, S_KV, kvp, g):
             return grid_permutation(S, stride.to(DEV), phase.to(DEV)).perm[None]
 
         return grid(S_Q, H), grid(S_KV, kv_heads)
+    if kind == "modality":
+        # Modality order, as for 2D-Boundary heads: segments of 20-120 tokens alternating between
+        # two modalities, stably sorted by modality. Key blocks inside one segment are runs of
+        # consecutive original positions; blocks across a segment end are not.
+        def modality(S, n):
+            out = []
+            for _ in range(n):
+                mod, pos, m = torch.zeros(S, dtype=torch.long), 0, 0
+                while pos < S:
+                    seg = int(torch.randint(20, 121, (1,), generator=g))
+                    mod[pos : pos + seg] = m
+                    pos, m = pos + seg, 1 - m
+                out.append(torch.argsort(mod * S + torch.arange(S)))
+            return torch.stack(out).to(torch.int32)[None].to(DEV)
+
+        return modality(S_Q, 1 if kvp == "1" else H), modality(S_KV, kv_heads)
     raise ValueError(kind)
 
 
@@ -73,7 +91,7 @@ def _case(B, H, H_KV, S_Q, S_KV, D, bm, bn, perm, kvp, density, causal, full, dt
     q_perm, kv_perm = _perms(perm, B, H, H_KV, S_Q, S_KV, kvp, g)
     nqb, nkb = -(-S_Q // bm), -(-S_KV // bn)
     # Per-(batch, head) lists when perms are per head, broadcast [1, 1, ...] lists otherwise.
-    lead = (B, H) if perm in ("random", "grid") else (1, 1)
+    lead = (B, H) if perm in ("random", "grid", "modality") else (1, 1)
     idx, cnt = _random_blocks(lead, nqb, nkb, density, g)
     kw = dict(
         q_perm=q_perm,
@@ -138,6 +156,12 @@ CASES = [
         True,
         False,
         id="S300-gqa7-D80-grid-perqhead",
+    ),
+    pytest.param(
+        1, 4, 2, 300, 300, 64, 32, 32, "modality", "kv", 0.6, True, False, id="S300-modality-runs"
+    ),
+    pytest.param(
+        2, 2, 1, 260, 260, 64, 32, 64, "modality", "1", 0.5, True, True, id="B2-S260-modality-full"
     ),
     pytest.param(
         1,
@@ -435,6 +459,62 @@ def test_kv_block_summaries_match_their_definition(B_perm, B_mod, heads, S, blk)
     assert _kv_block_summaries(perm, None, blk, S, causal=False) == (None, None)
 
 
+def _runs_by_loop(perm: torch.Tensor, blk: int) -> list[int]:
+    S, out = perm.shape[-1], []
+    for n in range(-(-S // blk)):
+        cols = perm[n * blk : (n + 1) * blk].long().cpu()
+        steady = torch.equal(cols, cols[0] + torch.arange(len(cols)))
+        out.append(int(cols[0]) if steady and (len(cols) == blk or cols[-1] == S - 1) else -1)
+    return out
+
+
+def test_kv_block_runs_match_their_definition():
+    # A block whose keys are consecutive original positions gives its first one, others -1.
+    S, blk = 200, 32
+    _, kv_perm = _perms("modality", 1, 2, 2, S, S, "kv", _gen(5))
+    runs = kv_block_runs(kv_perm, blk)
+    assert runs.shape == (1, 2, -(-S // blk)) and runs.dtype == torch.int32
+    for h in range(2):
+        assert runs[0, h].tolist() == _runs_by_loop(kv_perm[0, h], blk)
+    assert (runs >= 0).any() and (runs < 0).any()  # the case has both kinds
+    # Identity: every block is a run, the partial last one too (it ends at S - 1).
+    ident = torch.arange(S, device=DEV)
+    assert kv_block_runs(ident, blk).tolist() == list(range(0, S, blk))
+    # A partial last block that is consecutive but does not end at S - 1 is not a run.
+    p = torch.cat([torch.arange(8, S, device=DEV), torch.arange(8, device=DEV)])
+    assert kv_block_runs(p, blk).tolist() == _runs_by_loop(p, blk)
+    assert kv_block_runs(p, blk)[-1] == -1
+
+
+@pytest.mark.parametrize("perm", ["modality", "grid", "identity-perm"])
+@pytest.mark.parametrize("full", [False, True], ids=["partial", "with-full"])
+def test_split_run_blocks_attends_the_same(perm, full):
+    # The split lists attend exactly the pairs of the original lists (masks compared exactly),
+    # and the kernel on the split lists matches the reference within the budget.
+    B, H, H_KV, S, D, blk = 1, 4, 2, 230, 64, 32
+    kind = "modality" if perm == "identity-perm" else perm
+    q, k, v, kw = _case(B, H, H_KV, S, S, D, blk, blk, kind, "q", 0.6, True, full, torch.float32)
+    if perm == "identity-perm":
+        kw["q_perm"] = None
+        kw["kv_perm"] = torch.arange(S, dtype=torch.int32, device=DEV).expand(1, H, S).contiguous()
+    kv_perm = kw["kv_perm"]
+    idx, cnt, rs, rc = split_run_blocks(kv_perm, kw["kv_block_indices"], kw["kv_block_counts"], blk)
+    split = dict(kw, kv_block_indices=idx, kv_block_counts=cnt, kv_run_starts=rs, kv_run_counts=rc)
+    assert int(cnt.sum() + rc.sum()) == int(kw["kv_block_counts"].sum())
+    if perm == "grid":
+        assert int(rc.sum()) == 0  # grid lines are never consecutive keys
+    else:
+        assert int(rc.sum()) > 0
+    if perm == "identity-perm":
+        assert int(cnt.sum()) == 0
+    shape = dict(B=B, H=H, H_KV=H_KV, S_Q=S, S_KV=S, device=DEV)
+    for causal in (True, False):
+        want = permuted_mask(**shape, **dict(kw, causal=causal))
+        got = permuted_mask(**shape, **dict(split, causal=causal))
+        assert torch.equal(got, want)
+    _check(q, k, v, split, torch.float32)
+
+
 def test_per_head_permutations_in_one_launch_match_per_head_calls():
     # One launch with a different grid per head == each head run alone with its own grid.
     S, H = 150, 3
@@ -603,6 +683,10 @@ BAD = [
     pytest.param(dict(q_modality=_t([0] * 100), kv_modality=_t([8] * 100), kv_block_pairs=_t([[[[1], [1]]]], torch.int64)), ValueError, r"modality ids in \[0, 8\)", id="modality-9th"),
     pytest.param(dict(q_modality=_t([0] * 99), kv_modality=_t([0] * 100), kv_block_pairs=_t([[[[1], [1]]]], torch.int64)), ValueError, r"q_modality: expected shape \[100\]", id="modality-short"),
     pytest.param(dict(q_modality=_t([0] * 100), kv_modality=_t([0] * 100), kv_block_pairs=_t([[[1, 1]]], torch.int64)), ValueError, "kv_block_pairs: expected the shape", id="pairs-shape"),
+    pytest.param(dict(kv_run_starts=_t([[[[0], [64]]]])), ValueError, "kv_run_starts and kv_run_counts: expected both", id="runs-without-counts"),
+    pytest.param(dict(kv_run_starts=_t([[[[0], [64]]]]), kv_run_counts=_t([[1, 1]])), ValueError, "kv_run_counts: expected shape", id="run-counts-shape"),
+    pytest.param(dict(kv_run_starts=_t([[[[0], [100]]]]), kv_run_counts=_t([[[1, 1]]])), ValueError, r"original key positions in \[0, 100\)", id="run-start-out-of-range"),
+    pytest.param(dict(kv_run_starts=_t([[[[0], [64]]]]), kv_run_counts=_t([[[1, 1]]]), q_modality=_t([0] * 100), kv_modality=_t([0] * 100), kv_block_pairs=_t([[[[1], [1]]]], torch.int64)), NotImplementedError, "takes no pair masks", id="runs-with-pairs"),
 ]  # fmt: skip
 
 

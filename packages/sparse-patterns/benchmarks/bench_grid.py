@@ -320,35 +320,42 @@ def test_boundary_overhead(benchmark, boundary, provider):
     )
 
 
-@pytest.mark.parametrize("variant", ["unpermuted", "q-perm", "q-perm+kv-identity", "q+kv-perm"])
+@pytest.mark.parametrize("variant", ["unpermuted", "q-perm", "q+kv-perm-gather", "q+kv-perm-runs"])
 def test_boundary_gather_cost(benchmark, variant):
     """Where a 2D-Boundary head's extra time goes: the 2D plan's block lists, run with no
-    permutation, with the query permutation only, with the query permutation plus an identity key
-    permutation (the key indirection without its scattered rows), and with both real permutations
-    (= ``plan.run``). Same tiles in every variant; only the loads and stores differ."""
+    permutation, with the query permutation only, with both permutations and every key block
+    gathered through the key permutation, and as ``plan.run`` launches them (the blocks that are
+    runs of consecutive original keys from a run list, loaded without the permutation; the
+    split, made once per plan, is timed as ``split_ms``). Same tiles in every variant."""
     from sparse_kernels import permuted_block_sparse_attention
+    from sparse_kernels.permuted import split_run_blocks
 
     S = BOUNDARY_S
     q, k, v = _video_qkv(S)
     plan = _boundary_plan("2d")
-    q_perm = plan.q_perm if variant != "unpermuted" else None
-    kv_perm = {
-        "unpermuted": None,
-        "q-perm": None,
-        "q-perm+kv-identity": torch.arange(S, dtype=torch.int32, device=DEV)
-        .expand_as(plan.kv_perm)
-        .contiguous(),
-        "q+kv-perm": plan.kv_perm,
-    }[variant]
+    extra = {}
+    if variant == "q+kv-perm-runs":
+        fn = lambda: plan.run(q, k, v)  # noqa: E731
+        idx, cnt, runs = plan._launch_lists
+        extra = dict(
+            run_fraction=float(runs[1].sum() / plan.kv_block_counts.sum()),
+            split_ms=_time_ms(
+                lambda: split_run_blocks(
+                    plan.kv_perm, plan.kv_block_indices, plan.kv_block_counts, BLOCK
+                )
+            ),
+        )
+    else:
+        q_perm = plan.q_perm if variant != "unpermuted" else None
+        kv_perm = plan.kv_perm if variant == "q+kv-perm-gather" else None
 
-    def fn():
-        return permuted_block_sparse_attention(
-            q, k, v, kv_block_indices=plan.kv_block_indices, kv_block_counts=plan.kv_block_counts,
-            q_perm=q_perm, kv_perm=kv_perm, block_m=BLOCK, block_n=BLOCK,
-        )  # fmt: skip
+        def fn():
+            return permuted_block_sparse_attention(
+                q, k, v, kv_block_indices=plan.kv_block_indices,
+                kv_block_counts=plan.kv_block_counts, q_perm=q_perm, kv_perm=kv_perm,
+                block_m=BLOCK, block_n=BLOCK,
+            )  # fmt: skip
 
-    if variant == "q+kv-perm":
-        assert torch.equal(fn().out, plan.run(q, k, v).out)
     _run(benchmark, fn, 10)
     dense_flops = attention_flops(B, H, causal_pairs(S, S), D)
     record(
@@ -359,4 +366,5 @@ def test_boundary_gather_cost(benchmark, variant):
         S=S,
         density=plan.density(),
         variant=variant,
+        **extra,
     )

@@ -230,6 +230,14 @@ def test_layer_reference_equals_masked_attention_of_the_plan():
     morder = torch.sort(lay.modality, stable=True).indices.to(torch.int32)
     assert torch.equal(plan.q_perm[0, 6], morder) and torch.equal(plan.kv_perm[0, 6], ident)
     assert torch.equal(plan.q_perm[0, 7], morder) and torch.equal(plan.kv_perm[0, 7], morder)
+    # run() launches the key blocks that are runs of consecutive keys from a run list: all of
+    # them for identity key orders, some for the 2D head's modality order, none for the Grid head.
+    idx, cnt, (starts, run_cnt) = plan._launch_lists
+    assert int(run_cnt[0, 0].sum()) == 0 and int(cnt[0, 0].sum()) > 0
+    for h in range(1, 7):
+        assert int(cnt[0, h].sum()) == 0 and int(run_cnt[0, h].sum()) > 0
+    assert int(cnt[0, 7].sum()) > 0 and int(run_cnt[0, 7].sum()) > 0
+    assert torch.equal(cnt + run_cnt, plan.kv_block_counts)
 
 
 @pytest.mark.parametrize("dtype", kernel_dtypes(), ids=str)

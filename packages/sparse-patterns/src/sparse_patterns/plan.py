@@ -14,6 +14,7 @@ heads, with per-head parameters as tensors.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -167,22 +168,39 @@ class BlockPlan:
             seq_lengths=(self.S, self.S),
         )
 
-    def run(self, q, k, v, *, scale: float | None = None, impl: str = "auto"):
-        """Execute with ``sparse_kernels.permuted_block_sparse_attention`` (one launch), plus one
-        ``sparse_kernels.vertical_slash_attention`` launch per group of exact-vertical heads."""
-        from sparse_kernels import permuted_block_sparse_attention, vertical_slash_attention
+    @functools.cached_property
+    def _launch_lists(self):
+        """The lists :meth:`run` launches with, made on its first call: the exact-vertical heads'
+        counts zeroed, and, when there is a key permutation, the listed blocks that are runs of
+        consecutive original keys (every block of an identity or modality permutation that does
+        not cross a segment end) moved to a run list, which the kernel loads without the
+        permutation. One or two host reads of list widths, once per plan."""
+        from sparse_kernels.permuted import kv_block_runs, split_run_blocks
 
         counts = self.kv_block_counts
         if self.exact_vertical and self.exact_lists:
             counts = counts.clone()
             for part in self.exact_vertical:
                 counts[:, list(part.heads)] = 0
+        if self.kv_perm is None or not bool((kv_block_runs(self.kv_perm, self.block) >= 0).any()):
+            return self.kv_block_indices, counts, None
+        idx, cnt, rs, rc = split_run_blocks(self.kv_perm, self.kv_block_indices, counts, self.block)
+        return idx, cnt, (rs, rc)
+
+    def run(self, q, k, v, *, scale: float | None = None, impl: str = "auto"):
+        """Execute with ``sparse_kernels.permuted_block_sparse_attention`` (one launch), plus one
+        ``sparse_kernels.vertical_slash_attention`` launch per group of exact-vertical heads."""
+        from sparse_kernels import permuted_block_sparse_attention, vertical_slash_attention
+
+        idx, counts, runs = self._launch_lists
         res = permuted_block_sparse_attention(
             q,
             k,
             v,
-            kv_block_indices=self.kv_block_indices,
+            kv_block_indices=idx,
             kv_block_counts=counts,
+            kv_run_starts=runs[0] if runs else None,
+            kv_run_counts=runs[1] if runs else None,
             q_perm=self.q_perm,
             kv_perm=self.kv_perm,
             block_m=self.block,

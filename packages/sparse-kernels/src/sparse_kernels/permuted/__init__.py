@@ -5,6 +5,8 @@ from .perms import (
     grid_line_offsets,
     grid_permutation,
     inverse_permutation,
+    kv_block_runs,
+    split_run_blocks,
 )
 from .reference import (
     MAX_MODALITIES,
@@ -20,8 +22,10 @@ __all__ = [
     "grid_line_offsets",
     "grid_permutation",
     "inverse_permutation",
+    "kv_block_runs",
     "pair_bit",
     "permuted_block_sparse_attention",
     "permuted_block_sparse_attention_reference",
     "permuted_mask",
+    "split_run_blocks",
 ]

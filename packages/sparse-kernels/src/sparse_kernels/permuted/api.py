@@ -57,10 +57,18 @@ def _check_perm(
 
 
 def _check_blocks(
-    indices: torch.Tensor, counts: torch.Tensor, prefix: str, B: int, H: int, nqb: int, device
+    indices: torch.Tensor,
+    counts: torch.Tensor,
+    prefix: str,
+    B: int,
+    H: int,
+    nqb: int,
+    device,
+    names: tuple[str, str] | None = None,
 ) -> None:
-    _check_int_tensor(indices, f"{prefix}kv_block_indices", device)
-    _check_int_tensor(counts, f"{prefix}kv_block_counts", device)
+    iname, cname = names or (f"{prefix}kv_block_indices", f"{prefix}kv_block_counts")
+    _check_int_tensor(indices, iname, device)
+    _check_int_tensor(counts, cname, device)
     if (
         indices.ndim != 4
         or indices.shape[0] not in (1, B)
@@ -68,13 +76,13 @@ def _check_blocks(
         or indices.shape[2] != nqb
     ):
         raise ValueError(
-            f"{prefix}kv_block_indices: expected shape [{B} or 1, {H} or 1, NQB={nqb}, MAXB], "
+            f"{iname}: expected shape [{B} or 1, {H} or 1, NQB={nqb}, MAXB], "
             f"got {tuple(indices.shape)}"
         )
     want = (indices.shape[0], indices.shape[1], nqb)
     if tuple(counts.shape) != want:
         raise ValueError(
-            f"{prefix}kv_block_counts: expected shape {list(want)} (matching the indices), "
+            f"{cname}: expected shape {list(want)} (matching the indices), "
             f"got {tuple(counts.shape)}"
         )
 
@@ -140,6 +148,22 @@ def _check_contents(
             )
 
 
+def _check_runs(starts: torch.Tensor, counts: torch.Tensor, S_KV: int) -> None:
+    maxr = starts.shape[-1]
+    if bool(((counts < 0) | (counts > maxr)).any()):
+        raise ValueError(
+            f"kv_run_counts: expected values in [0, MAXR={maxr}], got "
+            f"min {int(counts.min())}, max {int(counts.max())}"
+        )
+    valid = torch.arange(maxr, device=starts.device) < counts[..., None].long()
+    bad = valid & ((starts < 0) | (starts >= S_KV))
+    if bool(bad.any()):
+        raise ValueError(
+            f"kv_run_starts: expected original key positions in [0, {S_KV}), got "
+            f"{int(starts[bad].min())}..{int(starts[bad].max())}"
+        )
+
+
 def permuted_block_sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -157,6 +181,8 @@ def permuted_block_sparse_attention(
     q_modality: torch.Tensor | None = None,
     kv_modality: torch.Tensor | None = None,
     kv_block_pairs: torch.Tensor | None = None,
+    kv_run_starts: torch.Tensor | None = None,
+    kv_run_counts: torch.Tensor | None = None,
     scale: float | None = None,
     check_perm: bool | None = None,
     impl: str = "auto",
@@ -183,6 +209,16 @@ def permuted_block_sparse_attention(
     int64 ``kv_block_pairs`` value (``sparse_kernels.permuted.pair_bit(a, b)``). A block that straddles a
     modality boundary in permuted order is then exact: each modality pair gets only its own
     pattern there. Full-list entries take no pair mask.
+
+    Run list (optional: ``kv_run_starts`` and ``kv_run_counts`` together): entries are ORIGINAL
+    key positions ``s``; permuted query block ``m`` attends the ``block_n`` consecutive original
+    keys ``s .. s + block_n - 1`` (clipped at ``S_KV``), under the same causal rule as the
+    partial list. A listed key block whose keys are consecutive original positions (every block
+    of a modality permutation that does not cross a segment end, every block of an identity
+    one) can go here instead of in ``kv_block_indices``: the kernel then loads it like an
+    un-permuted tile, without reading the key permutation (the indirection costs about 25% at
+    128K on an H100, ``docs/benchmarks/grid_and_boundaries.md``).
+    :func:`~sparse_kernels.permuted.split_run_blocks` makes the split. Runs take no pair mask.
 
     Because causality is evaluated on original positions, a causal Grid head stays exact after
     the permutation. ``out[b, h, i]`` and ``lse[b, h, i]`` are for ORIGINAL row ``i``. A row that
@@ -211,6 +247,9 @@ def permuted_block_sparse_attention(
             ORIGINAL query / key token.
         kv_block_pairs: int64 (or int32) pair masks, the shape of ``kv_block_indices``: entry
             ``[b, h, m, t]`` is the set of allowed (query, key) modality pairs of that listed block.
+        kv_run_starts: int32/int64 ``[B or 1, H or 1, NQB, MAXR]`` original start positions in
+            ``[0, S_KV)``; kv_run_counts: ``[B or 1, H or 1, NQB]``, as for the block lists. The
+            caller keeps each key in at most one list (``check_perm`` checks the ranges only).
         scale: softmax scale, default ``D ** -0.5``.
         check_perm: verify that the permutations are permutations, modality ids in ``[0, 8)``,
             counts in ``[0, MAXB]``, listed blocks in range and no block listed twice. Cost:
@@ -266,6 +305,21 @@ def permuted_block_sparse_attention(
                 f"{tuple(kv_block_indices.shape)}, got {tuple(kv_block_pairs.shape)}"
             )
         modalities = [("q_modality", q_modality), ("kv_modality", kv_modality)]
+    if (kv_run_starts is None) != (kv_run_counts is None):
+        raise ValueError(
+            "kv_run_starts and kv_run_counts: expected both or neither, got "
+            f"starts={'None' if kv_run_starts is None else 'a tensor'}, "
+            f"counts={'None' if kv_run_counts is None else 'a tensor'}"
+        )
+    if kv_run_starts is not None:
+        _check_blocks(
+            kv_run_starts, kv_run_counts, "", B, H, nqb, dev, ("kv_run_starts", "kv_run_counts")
+        )
+        if kv_block_pairs is not None:
+            raise NotImplementedError(
+                f"{_OP}: a run list (kv_run_starts) takes no pair masks; got kv_block_pairs too "
+                f"(keep the blocks that need pair masks in kv_block_indices)"
+            )
     which = resolve_impl(impl, dev, _OP)
     if check_perm is None:
         check_perm = which == "reference"
@@ -273,6 +327,8 @@ def permuted_block_sparse_attention(
         raise TypeError(f"check_perm: expected a bool or None, got {type(check_perm).__name__}")
     if check_perm:
         _check_contents(q_perm, kv_perm, lists, nkb, modalities)
+        if kv_run_starts is not None:
+            _check_runs(kv_run_starts, kv_run_counts, S_KV)
     kw = dict(
         q_perm=q_perm,
         kv_perm=kv_perm,
@@ -287,6 +343,8 @@ def permuted_block_sparse_attention(
         q_modality=q_modality,
         kv_modality=kv_modality,
         kv_block_pairs=kv_block_pairs,
+        kv_run_starts=kv_run_starts,
+        kv_run_counts=kv_run_counts,
     )
     if which == "reference":
         return permuted_block_sparse_attention_reference(q, k, v, **kw)

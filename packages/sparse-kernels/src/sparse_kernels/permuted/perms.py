@@ -276,3 +276,62 @@ def host_ints(*xs: torch.Tensor) -> list[int]:
     a test can tell those reads from accidental ones.
     """
     return torch.stack([x.reshape(()).long() for x in xs]).tolist()
+
+
+def kv_block_runs(kv_perm: torch.Tensor, block_n: int) -> torch.Tensor:
+    """Which key blocks of a permuted order are runs of consecutive original positions.
+
+    Args:
+        kv_perm: int ``[..., S]`` (``kv_perm[c]`` = original key at permuted column ``c``).
+        block_n: key block size.
+    Returns:
+        int32 ``[..., ceil(S / block_n)]``: the original position ``s`` of the block's first key
+        if its keys are ``s, s + 1, ...`` (a partial last block only if it ends at ``S - 1``,
+        so that ``s .. s + block_n - 1`` clipped at ``S`` is exactly its keys), else -1.
+    """
+    S = kv_perm.shape[-1]
+    nkb = -(-S // block_n)
+    pad = nkb * block_n - S
+    # Pad with the positions a run ending at S - 1 would continue with: S, S + 1, ...
+    tail = torch.arange(S, S + pad, dtype=torch.int64, device=kv_perm.device)
+    p = torch.cat([kv_perm.long(), tail.expand(*kv_perm.shape[:-1], pad)], dim=-1)
+    p = p.reshape(*kv_perm.shape[:-1], nkb, block_n)
+    steady = (p == p[..., :1] + torch.arange(block_n, device=p.device)).all(-1)
+    return torch.where(steady, p[..., 0], -1).to(torch.int32)
+
+
+def split_run_blocks(
+    kv_perm: torch.Tensor,
+    kv_block_indices: torch.Tensor,
+    kv_block_counts: torch.Tensor,
+    block_n: int,
+    *,
+    width: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Move the listed key blocks that are runs (:func:`kv_block_runs`) to a run list.
+
+    Args:
+        kv_perm: int ``[B|1, Hp|1, S_KV]``; kv_block_indices ``[B|1, H|1, NQB, MAXB]`` and
+            kv_block_counts ``[B|1, H|1, NQB]`` (their leading dims broadcast with the
+            permutation's; ``Hp`` is the lists' head count, i.e. one permutation per listed head).
+        width: width of both outputs (each must hold its largest count); None reads the largest
+            counts back from the device.
+    Returns:
+        ``(kv_block_indices, kv_block_counts, kv_run_starts, kv_run_counts)`` for
+        :func:`~sparse_kernels.permuted_block_sparse_attention`: the blocks that are not runs,
+        then the runs' original start positions; int32, each row in list order. Together they
+        attend exactly what the input lists attend.
+    """
+    runs = kv_block_runs(kv_perm, block_n)
+    nkb = runs.shape[-1]
+    lead = torch.broadcast_shapes(runs.shape[:-1], kv_block_indices.shape[:2])
+    idx = kv_block_indices.expand(*lead, *kv_block_indices.shape[2:])
+    cnt = kv_block_counts.expand(*lead, kv_block_counts.shape[-1])
+    W = idx.shape[-1]
+    valid = torch.arange(W, device=idx.device) < cnt[..., None].long()
+    flat = idx.long().clamp(0, nkb - 1).reshape(*lead, -1)
+    start = runs.expand(*lead, nkb).gather(-1, flat).reshape(idx.shape)
+    is_run = valid & (start >= 0)
+    rest_idx, rest_cnt = compact_by_mask(valid & ~is_run, idx, width=width)
+    run_starts, run_cnt = compact_by_mask(is_run, start, width=width)
+    return rest_idx, rest_cnt, run_starts, run_cnt

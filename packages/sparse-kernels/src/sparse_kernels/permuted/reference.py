@@ -85,6 +85,8 @@ def permuted_mask(
     q_modality: torch.Tensor | None = None,
     kv_modality: torch.Tensor | None = None,
     kv_block_pairs: torch.Tensor | None = None,
+    kv_run_starts: torch.Tensor | None = None,
+    kv_run_counts: torch.Tensor | None = None,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """``[B, H, S_Q, S_KV]`` bool in ORIGINAL coordinates: what query ``i`` attends.
@@ -93,7 +95,8 @@ def permuted_mask(
     column ``c = kv_inv[j]``. The pair is attended iff block ``(r // block_m, c // block_n)`` is in
     the full list, or it is in the partial list and (not causal or ``j <= i + S_KV - S_Q``)
     and, with pair masks, bit ``q_modality[i] * 8 + kv_modality[j]`` of the entry's
-    ``kv_block_pairs`` value is set.
+    ``kv_block_pairs`` value is set. A run-list entry ``s`` of permuted query block ``m`` adds
+    the original keys ``s .. s + block_n - 1`` for its rows, under the same causal rule.
     """
     nqb, nkb = -(-S_Q // block_m), -(-S_KV // block_n)
 
@@ -128,6 +131,16 @@ def permuted_mask(
         qm = _modality_rows(q_modality, B, S_Q, device)[:, None, :, None]
         km = _modality_rows(kv_modality, B, S_KV, device)[:, None, None, :]
         mask = mask & (torch.bitwise_right_shift(bits, qm * MAX_MODALITIES + km) & 1).bool()
+    if kv_run_starts is not None:
+        # Runs are in ORIGINAL key order already: spread each start over its block_n keys.
+        st = kv_run_starts.to(device=device, dtype=torch.int64)
+        valid = torch.arange(st.shape[-1], device=device) < kv_run_counts.to(device)[..., None]
+        keys = st[..., None] + torch.arange(block_n, device=device)  # [.., NQB, MAXR, block_n]
+        keys = torch.where(valid[..., None] & (keys < S_KV), keys, S_KV).flatten(-2)
+        runs = torch.zeros(*keys.shape[:-1], S_KV + 1, dtype=torch.bool, device=device)
+        runs = runs.scatter_(-1, keys, True)[..., :S_KV].expand(B, H, nqb, S_KV)
+        runs = runs.repeat_interleave(block_m, dim=2)[:, :, :S_Q]
+        mask = mask | torch.gather(runs, 2, q_inv[..., None].expand(B, H, S_Q, S_KV))
     if causal:
         mask = mask & causal_mask(S_Q, S_KV, device)
     if full_kv_block_indices is not None:
@@ -152,6 +165,8 @@ def permuted_block_sparse_attention_reference(
     q_modality: torch.Tensor | None = None,
     kv_modality: torch.Tensor | None = None,
     kv_block_pairs: torch.Tensor | None = None,
+    kv_run_starts: torch.Tensor | None = None,
+    kv_run_counts: torch.Tensor | None = None,
     scale: float | None = None,
     compute_dtype: torch.dtype | None = None,
     row_chunk: int = 2048,
@@ -180,6 +195,8 @@ def permuted_block_sparse_attention_reference(
         q_modality=q_modality,
         kv_modality=kv_modality,
         kv_block_pairs=kv_block_pairs,
+        kv_run_starts=kv_run_starts,
+        kv_run_counts=kv_run_counts,
         device=q.device,
     )
     outs, lses = [], []

@@ -118,8 +118,14 @@ def _permuted_blocks_inner(
     HAS_KV_PERM: tl.constexpr,
     HAS_PAIRS: tl.constexpr,
     IEEE: tl.constexpr,
+    RUN_LIST: tl.constexpr,
 ):
     """Online-softmax update over the ``count`` listed key blocks, BLOCK_N key tiles at a time.
+
+    RUN_LIST: the entries are not permuted key blocks but ORIGINAL positions ``s`` of runs of
+    ``kv_block`` consecutive keys ``s .. s + kv_block - 1`` (clipped at ``S_KV``): the tile is
+    loaded like an un-permuted one, without the key permutation (call it with HAS_KV_PERM and
+    HAS_PAIRS off).
 
     With HAS_PAIRS, element (row, col) of an entry is kept only if bit
     ``q_pair[row] + kv_modality[col]`` of the entry's int64 pair mask is set.
@@ -138,7 +144,10 @@ def _permuted_blocks_inner(
     min_q_pos = tl.min(q_pos)
     for t in range(0, count * n_sub):
         blk = tl.load(idx_base + (t // n_sub) * stride_idx_n)
-        start_p = blk.to(tl.int64) * kv_block + (t % n_sub) * BLOCK_N
+        if RUN_LIST:
+            start_p = blk.to(tl.int64) + (t % n_sub) * BLOCK_N
+        else:
+            start_p = blk.to(tl.int64) * kv_block + (t % n_sub) * BLOCK_N
         cols_p = start_p + offs_n
         col_ok = cols_p < S_KV
         if HAS_KV_PERM:
@@ -218,6 +227,8 @@ def _permuted_fwd_kernel(
     pairs_ptr,
     kvmax_ptr,
     kvset_ptr,
+    run_ptr,
+    rcnt_ptr,
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -265,6 +276,13 @@ def _permuted_fwd_kernel(
     stride_sum_b,
     stride_sum_h,
     stride_sum_n,
+    stride_run_b,
+    stride_run_h,
+    stride_run_m,
+    stride_run_n,
+    stride_rcnt_b,
+    stride_rcnt_h,
+    stride_rcnt_m,
     H,
     GROUP,
     KVP_HEAD_DIV,
@@ -281,6 +299,7 @@ def _permuted_fwd_kernel(
     HAS_KV_PERM: tl.constexpr,
     HAS_FULL: tl.constexpr,
     HAS_PAIRS: tl.constexpr,
+    HAS_RUNS: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -352,8 +371,21 @@ def _permuted_fwd_kernel(
         q_mods, kvmax_base, kvset_base, stride_sum_n,
         stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
         q_pos, offs_n, offs_d, S_KV, qk_scale,
-        D, BLOCK_N, IS_CAUSAL, HAS_KV_PERM, HAS_PAIRS, IEEE,
+        D, BLOCK_N, IS_CAUSAL, HAS_KV_PERM, HAS_PAIRS, IEEE, False,
     )  # fmt: skip
+    if HAS_RUNS:
+        rcount = tl.load(rcnt_ptr + b64 * stride_rcnt_b + h64 * stride_rcnt_h + qb * stride_rcnt_m)
+        run_base = (
+            run_ptr + b64 * stride_run_b + h64 * stride_run_h + qb.to(tl.int64) * stride_run_m
+        )
+        acc, l_i, m_i = _permuted_blocks_inner(
+            acc, l_i, m_i, q, k_base, v_base, kvp_base, run_base, stride_run_n, rcount,
+            pairs_base, stride_pairs_n, kvmod_base, stride_kvmod_s, q_pair,
+            q_mods, kvmax_base, kvset_base, stride_sum_n,
+            stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
+            q_pos, offs_n, offs_d, S_KV, qk_scale,
+            D, BLOCK_N, IS_CAUSAL, False, False, IEEE, True,
+        )  # fmt: skip
     if HAS_FULL:
         fcount = tl.load(fcnt_ptr + b64 * stride_fcnt_b + h64 * stride_fcnt_h + qb * stride_fcnt_m)
         fidx_base = (
@@ -365,7 +397,7 @@ def _permuted_fwd_kernel(
             q_mods, kvmax_base, kvset_base, stride_sum_n,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
             q_pos, offs_n, offs_d, S_KV, qk_scale,
-            D, BLOCK_N, False, HAS_KV_PERM, False, IEEE,
+            D, BLOCK_N, False, HAS_KV_PERM, False, IEEE, False,
         )  # fmt: skip
 
     out, lse = _finish_rows(acc, l_i, m_i)
@@ -390,6 +422,7 @@ _permuted_fwd_autotuned = triton.autotune(
         "HAS_KV_PERM",
         "HAS_FULL",
         "HAS_PAIRS",
+        "HAS_RUNS",
         "IEEE",
         "q_block",
         "kv_block",
@@ -491,6 +524,8 @@ def _launch_permuted_fwd(
     q_modality: torch.Tensor | None = None,
     kv_modality: torch.Tensor | None = None,
     kv_block_pairs: torch.Tensor | None = None,
+    kv_run_starts: torch.Tensor | None = None,
+    kv_run_counts: torch.Tensor | None = None,
     config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config`` forces one tile config (tests sweep the autotune list)."""
@@ -514,6 +549,7 @@ def _launch_permuted_fwd(
     kv_max, kv_set = _kv_block_summaries(
         kv_perm, kv_modality if has_pairs else None, block_n, S_KV, causal=bool(causal)
     )
+    has_runs = kv_run_starts is not None
     dummy = kv_block_counts  # any int tensor: never read when the HAS_* flag is off
     args = (
         q, k, v, out, lse,
@@ -525,6 +561,8 @@ def _launch_permuted_fwd(
         kv_block_pairs if has_pairs else dummy,
         kv_max if kv_max is not None else dummy,
         kv_set if kv_set is not None else dummy,
+        kv_run_starts if has_runs else dummy,
+        kv_run_counts if has_runs else dummy,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *_strides3(q_perm), *_strides3(kv_perm),
         *_strides_blocks(kv_block_indices), *_strides_blocks(kv_block_counts),
@@ -532,6 +570,8 @@ def _launch_permuted_fwd(
         *_strides_mod(q_modality), *_strides_mod(kv_modality),
         *(_strides_blocks(kv_block_pairs) if has_pairs else (0, 0, 0, 0)),
         *_strides_summary(kv_max if kv_max is not None else kv_set),
+        *(_strides_blocks(kv_run_starts) if has_runs else (0, 0, 0, 0)),
+        *(_strides_blocks(kv_run_counts) if has_runs else (0, 0, 0)),
         H, H // H_KV, kvp_div, S_Q, S_KV, block_m, block_n, scale, seq_bucket(S_KV),
     )  # fmt: skip
     flags = dict(
@@ -542,6 +582,7 @@ def _launch_permuted_fwd(
         HAS_KV_PERM=kv_perm is not None,
         HAS_FULL=has_full,
         HAS_PAIRS=has_pairs,
+        HAS_RUNS=has_runs,
         IEEE=q.dtype == torch.float32,
     )
     if config is None and on_interpreter():

@@ -216,8 +216,8 @@ def permuted_block_sparse_attention(
     partial list. A listed key block whose keys are consecutive original positions (every block
     of a modality permutation that does not cross a segment end, every block of an identity
     one) can go here instead of in ``kv_block_indices``: the kernel then loads it like an
-    un-permuted tile, without reading the key permutation (the indirection costs about 25% at
-    128K on an H100, ``docs/benchmarks/grid_and_boundaries.md``).
+    un-permuted tile, without reading the key permutation (the indirection costs about 30% at
+    128K on an H100, ``docs/benchmarks/grid_and_boundaries.md`` §5c).
     :func:`~sparse_kernels.permuted.split_run_blocks` makes the split. Runs take no pair mask.
 
     Because causality is evaluated on original positions, a causal Grid head stays exact after

@@ -4,7 +4,8 @@ One program computes BLOCK_M permuted query rows of one (batch, head). It loads 
 permutation for its rows once, gathers those q rows, walks the key blocks listed for its query
 block (partial list with the causal element mask on ORIGINAL positions, then the full list with
 bounds only), gathering k/v rows through the key permutation, and scatters out/lse back to the
-original rows. No permuted copy of any tensor is made. Optional per-pair modality masks keep, in
+original rows; an optional third list holds runs of consecutive original keys, loaded without the
+key permutation. No permuted copy of any tensor is made. Optional per-pair modality masks keep, in
 a listed block, only the (query modality, key modality) pairs its entry allows. Row and column offsets are int64 so that
 gathers into 1M-token tensors do not overflow.
 """

@@ -283,6 +283,29 @@ def _boundary_plan(boundary: str):
     return plan_layer(q, k, [hc] * H, _mm_niah_layout(BOUNDARY_S), block=BLOCK)
 
 
+def _same_lists(q, k, v, plan, q_perm=None, kv_perm=None):
+    """The plan's block lists launched directly, with the given permutations (default none)."""
+    from sparse_kernels import permuted_block_sparse_attention
+
+    return lambda: permuted_block_sparse_attention(
+        q, k, v, kv_block_indices=plan.kv_block_indices, kv_block_counts=plan.kv_block_counts,
+        q_perm=q_perm, kv_perm=kv_perm, block_m=BLOCK, block_n=BLOCK,
+    )  # fmt: skip
+
+
+def _record_plan(benchmark, plan, S, **extra):
+    dense_flops = attention_flops(B, H, causal_pairs(S, S), D)
+    record(
+        benchmark,
+        flops_dense=dense_flops,
+        flops_useful=dense_flops * plan.density(),
+        dtype="bf16",
+        S=S,
+        density=plan.density(),
+        **extra,
+    )
+
+
 @pytest.mark.parametrize("provider", ["permuted", "same-lists-unpermuted"])
 @pytest.mark.parametrize("boundary", ["q", "2d"])
 def test_boundary_overhead(benchmark, boundary, provider):
@@ -294,30 +317,9 @@ def test_boundary_overhead(benchmark, boundary, provider):
         _check_rows(q, k, v, plan, out.out)
         fn = lambda: plan.run(q, k, v)  # noqa: E731
     else:
-        from sparse_kernels import permuted_block_sparse_attention
-
-        def fn():
-            return permuted_block_sparse_attention(
-                q,
-                k,
-                v,
-                kv_block_indices=plan.kv_block_indices,
-                kv_block_counts=plan.kv_block_counts,
-                block_m=BLOCK,
-                block_n=BLOCK,
-            )
-
+        fn = _same_lists(q, k, v, plan)
     _run(benchmark, fn, 10)
-    dense_flops = attention_flops(B, H, causal_pairs(S, S), D)
-    record(
-        benchmark,
-        flops_dense=dense_flops,
-        flops_useful=dense_flops * plan.density(),
-        dtype="bf16",
-        S=S,
-        density=plan.density(),
-        boundary=boundary,
-    )
+    _record_plan(benchmark, plan, S, boundary=boundary)
 
 
 @pytest.mark.parametrize("variant", ["unpermuted", "q-perm", "q+kv-perm-gather", "q+kv-perm-runs"])
@@ -327,7 +329,6 @@ def test_boundary_gather_cost(benchmark, variant):
     gathered through the key permutation, and as ``plan.run`` launches them (the blocks that are
     runs of consecutive original keys from a run list, loaded without the permutation; the
     split, made once per plan, is timed as ``split_ms``). Same tiles in every variant."""
-    from sparse_kernels import permuted_block_sparse_attention
     from sparse_kernels.permuted import split_run_blocks
 
     S = BOUNDARY_S
@@ -336,7 +337,7 @@ def test_boundary_gather_cost(benchmark, variant):
     extra = {}
     if variant == "q+kv-perm-runs":
         fn = lambda: plan.run(q, k, v)  # noqa: E731
-        idx, cnt, runs = plan._launch_lists
+        _, _, runs = plan._launch_lists
         extra = dict(
             run_fraction=float(runs[1].sum() / plan.kv_block_counts.sum()),
             split_ms=_time_ms(
@@ -348,23 +349,6 @@ def test_boundary_gather_cost(benchmark, variant):
     else:
         q_perm = plan.q_perm if variant != "unpermuted" else None
         kv_perm = plan.kv_perm if variant == "q+kv-perm-gather" else None
-
-        def fn():
-            return permuted_block_sparse_attention(
-                q, k, v, kv_block_indices=plan.kv_block_indices,
-                kv_block_counts=plan.kv_block_counts, q_perm=q_perm, kv_perm=kv_perm,
-                block_m=BLOCK, block_n=BLOCK,
-            )  # fmt: skip
-
+        fn = _same_lists(q, k, v, plan, q_perm, kv_perm)
     _run(benchmark, fn, 10)
-    dense_flops = attention_flops(B, H, causal_pairs(S, S), D)
-    record(
-        benchmark,
-        flops_dense=dense_flops,
-        flops_useful=dense_flops * plan.density(),
-        dtype="bf16",
-        S=S,
-        density=plan.density(),
-        variant=variant,
-        **extra,
-    )
+    _record_plan(benchmark, plan, S, variant=variant, **extra)

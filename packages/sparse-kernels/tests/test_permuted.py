@@ -459,12 +459,13 @@ def test_kv_block_summaries_match_their_definition(B_perm, B_mod, heads, S, blk)
     assert _kv_block_summaries(perm, None, blk, S, causal=False) == (None, None)
 
 
-def _runs_by_loop(perm: torch.Tensor, blk: int) -> list[int]:
+def _runs_by_loop(perm: torch.Tensor, blk: int, step: int = 1) -> list[int]:
     S, out = perm.shape[-1], []
     for n in range(-(-S // blk)):
         cols = perm[n * blk : (n + 1) * blk].long().cpu()
-        steady = torch.equal(cols, cols[0] + torch.arange(len(cols)))
-        out.append(int(cols[0]) if steady and (len(cols) == blk or cols[-1] == S - 1) else -1)
+        steady = torch.equal(cols, cols[0] + step * torch.arange(len(cols)))
+        whole = len(cols) == blk or int(cols[-1]) + step >= S
+        out.append(int(cols[0]) if steady and whole else -1)
     return out
 
 
@@ -484,6 +485,13 @@ def test_kv_block_runs_match_their_definition():
     p = torch.cat([torch.arange(8, S, device=DEV), torch.arange(8, device=DEV)])
     assert kv_block_runs(p, blk).tolist() == _runs_by_loop(p, blk)
     assert kv_block_runs(p, blk)[-1] == -1
+    # Grid orders: the blocks inside one grid line are runs with step = stride (per head).
+    strides = torch.tensor([5, 7], device=DEV)
+    gp = grid_permutation(S, strides, torch.tensor([1, 3], device=DEV)).perm
+    runs = kv_block_runs(gp, 8, strides)
+    for h, st in enumerate(strides.tolist()):
+        assert runs[h].tolist() == _runs_by_loop(gp[h], 8, st)
+    assert (runs >= 0).any() and (runs < 0).any()
 
 
 @pytest.mark.parametrize("perm", ["modality", "grid", "identity-perm"])
@@ -498,13 +506,15 @@ def test_split_run_blocks_attends_the_same(perm, full):
         kw["q_perm"] = None
         kw["kv_perm"] = torch.arange(S, dtype=torch.int32, device=DEV).expand(1, H, S).contiguous()
     kv_perm = kw["kv_perm"]
-    idx, cnt, rs, rc = split_run_blocks(kv_perm, kw["kv_block_indices"], kw["kv_block_counts"], blk)
+    # Grid perms of this helper: per-head strides 3..16 (the gap between a line's first tokens).
+    step = (kv_perm[..., 1] - kv_perm[..., 0]).long() if perm == "grid" else 1
+    idx, cnt, rs, rc = split_run_blocks(
+        kv_perm, kw["kv_block_indices"], kw["kv_block_counts"], blk, step=step
+    )
     split = dict(kw, kv_block_indices=idx, kv_block_counts=cnt, kv_run_starts=rs, kv_run_counts=rc)
+    split["kv_run_step"] = step
     assert int(cnt.sum() + rc.sum()) == int(kw["kv_block_counts"].sum())
-    if perm == "grid":
-        assert int(rc.sum()) == 0  # grid lines are never consecutive keys
-    else:
-        assert int(rc.sum()) > 0
+    assert int(rc.sum()) > 0
     if perm == "identity-perm":
         assert int(cnt.sum()) == 0
     shape = dict(B=B, H=H, H_KV=H_KV, S_Q=S, S_KV=S, device=DEV)
@@ -686,6 +696,10 @@ BAD = [
     pytest.param(dict(kv_run_starts=_t([[[[0], [64]]]])), ValueError, "kv_run_starts and kv_run_counts: expected both", id="runs-without-counts"),
     pytest.param(dict(kv_run_starts=_t([[[[0], [64]]]]), kv_run_counts=_t([[1, 1]])), ValueError, "kv_run_counts: expected shape", id="run-counts-shape"),
     pytest.param(dict(kv_run_starts=_t([[[[0], [100]]]]), kv_run_counts=_t([[[1, 1]]])), ValueError, r"original key positions in \[0, 100\)", id="run-start-out-of-range"),
+    pytest.param(dict(kv_run_step=0), ValueError, "kv_run_step: expected an int >= 1", id="run-step-zero"),
+    pytest.param(dict(kv_run_step=2.0), TypeError, "kv_run_step: expected an int", id="run-step-float"),
+    pytest.param(dict(kv_run_step=_t([1, 1, 1])), ValueError, r"kv_run_step: expected shape \[1 or 1, 2 or 1\]", id="run-step-shape"),
+    pytest.param(dict(kv_run_starts=_t([[[[0], [64]]]]), kv_run_counts=_t([[[1, 1]]]), kv_run_step=_t([[0, 1]])), ValueError, "kv_run_step: expected steps >= 1", id="run-step-tensor-zero"),
     pytest.param(dict(kv_run_starts=_t([[[[0], [64]]]]), kv_run_counts=_t([[[1, 1]]]), q_modality=_t([0] * 100), kv_modality=_t([0] * 100), kv_block_pairs=_t([[[[1], [1]]]], torch.int64)), NotImplementedError, "takes no pair masks", id="runs-with-pairs"),
 ]  # fmt: skip
 

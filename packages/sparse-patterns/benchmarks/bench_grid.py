@@ -337,7 +337,7 @@ def test_boundary_gather_cost(benchmark, variant):
     extra = {}
     if variant == "q+kv-perm-runs":
         fn = lambda: plan.run(q, k, v)  # noqa: E731
-        _, _, runs = plan._launch_lists
+        _, _, runs = plan._launch_lists  # (starts, counts, step)
         extra = dict(
             run_fraction=float(runs[1].sum() / plan.kv_block_counts.sum()),
             split_ms=_time_ms(
@@ -351,4 +351,24 @@ def test_boundary_gather_cost(benchmark, variant):
         kv_perm = plan.kv_perm if variant == "q+kv-perm-gather" else None
         fn = _same_lists(q, k, v, plan, q_perm, kv_perm)
     _run(benchmark, fn, 10)
+    _record_plan(benchmark, plan, S, variant=variant, **extra)
+
+
+@pytest.mark.parametrize("variant", ["gather", "runs"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_grid_gather_vs_runs(benchmark, shape, variant):
+    """The Grid head's plan launched with every key block gathered through the key permutation,
+    and as ``plan.run`` launches it (the blocks inside one grid line from a run list with step =
+    stride, their key positions computed, not read)."""
+    S = SHAPES[shape]
+    q, k, v = _video_qkv(S)
+    plan = _grid_plan(S)
+    extra = {}
+    if variant == "runs":
+        fn = lambda: plan.run(q, k, v)  # noqa: E731
+        _, _, runs = plan._launch_lists  # (starts, counts, step)
+        extra["run_fraction"] = float(runs[1].sum() / plan.kv_block_counts.sum())
+    else:
+        fn = _same_lists(q, k, v, plan, plan.q_perm, plan.kv_perm)
+    _run(benchmark, fn, _rounds(S))
     _record_plan(benchmark, plan, S, variant=variant, **extra)

@@ -192,6 +192,15 @@ def test_grid_plan_covers_the_grid_pattern():
     assert bool((m | ~em).all())
     assert torch.equal(plan.meta["stride"], torch.full((1, 2), st))
     del ph
+    # The blocks inside one grid line are runs with step = stride; run() takes them from a run
+    # list and the result is the same as with every block gathered.
+    _, cnt, (_, run_cnt, step) = plan._launch_lists
+    assert torch.equal(step, torch.full((1, 2), st)) and int(run_cnt.sum()) > 0
+    assert torch.equal(cnt + run_cnt, plan.kv_block_counts)
+    v = torch.randn(1, 1, S, 32, generator=g)
+    out = plan.run(q, k, v, impl="reference")
+    ref = masked_attention_reference(q, k, v, plan.row_mask(rows), scale=32**-0.5)
+    torch.testing.assert_close(out.out, ref.out, rtol=1e-5, atol=1e-5)
 
 
 HEADS = [
@@ -231,9 +240,8 @@ def test_layer_reference_equals_masked_attention_of_the_plan():
     assert torch.equal(plan.q_perm[0, 6], morder) and torch.equal(plan.kv_perm[0, 6], ident)
     assert torch.equal(plan.q_perm[0, 7], morder) and torch.equal(plan.kv_perm[0, 7], morder)
     # run() launches the key blocks that are runs of consecutive keys from a run list: all of
-    # them for identity key orders, some for the 2D head's modality order, none for the Grid head.
-    idx, cnt, (starts, run_cnt) = plan._launch_lists
-    assert int(run_cnt[0, 0].sum()) == 0 and int(cnt[0, 0].sum()) > 0
+    # them for identity key orders, some for the 2D head's modality order.
+    idx, cnt, (starts, run_cnt, step) = plan._launch_lists
     for h in range(1, 7):
         assert int(cnt[0, h].sum()) == 0 and int(run_cnt[0, h].sum()) > 0
     assert int(cnt[0, 7].sum()) > 0 and int(run_cnt[0, 7].sum()) > 0

@@ -171,10 +171,11 @@ class BlockPlan:
     @functools.cached_property
     def _launch_lists(self):
         """The lists :meth:`run` launches with, made on its first call: the exact-vertical heads'
-        counts zeroed, and, when there is a key permutation, the listed blocks that are runs of
-        consecutive original keys (every block of an identity or modality permutation that does
-        not cross a segment end) moved to a run list, which the kernel loads without the
-        permutation. One or two host reads of list widths, once per plan."""
+        counts zeroed, and, when there is a key permutation, the listed blocks that are runs
+        moved to a run list, which the kernel loads without the permutation. A head's run step
+        is 1 (identity and modality orders: blocks that do not cross a segment end) or its grid
+        stride (Grid orders: blocks inside one grid line), whichever gives it more runs. Up to
+        four host reads, once per plan."""
         from sparse_kernels.permuted import kv_block_runs, split_run_blocks
 
         counts = self.kv_block_counts
@@ -182,10 +183,21 @@ class BlockPlan:
             counts = counts.clone()
             for part in self.exact_vertical:
                 counts[:, list(part.heads)] = 0
-        if self.kv_perm is None or not bool((kv_block_runs(self.kv_perm, self.block) >= 0).any()):
+        if self.kv_perm is None:
             return self.kv_block_indices, counts, None
-        idx, cnt, rs, rc = split_run_blocks(self.kv_perm, self.kv_block_indices, counts, self.block)
-        return idx, cnt, (rs, rc)
+        step = torch.ones(self.kv_perm.shape[:2], dtype=torch.int64, device=counts.device)
+        stride = self.meta.get("stride")
+        if stride is not None and bool((stride > 1).any()):
+            grid = torch.where(stride > 1, stride, 1).to(counts.device)
+            n_unit = (kv_block_runs(self.kv_perm, self.block) >= 0).sum(-1)
+            n_grid = (kv_block_runs(self.kv_perm, self.block, grid) >= 0).sum(-1)
+            step = torch.where(n_grid > n_unit, grid, step)
+        if not bool((kv_block_runs(self.kv_perm, self.block, step) >= 0).any()):
+            return self.kv_block_indices, counts, None
+        idx, cnt, rs, rc = split_run_blocks(
+            self.kv_perm, self.kv_block_indices, counts, self.block, step=step
+        )
+        return idx, cnt, (rs, rc, step)
 
     def run(self, q, k, v, *, scale: float | None = None, impl: str = "auto"):
         """Execute with ``sparse_kernels.permuted_block_sparse_attention`` (one launch), plus one
@@ -201,6 +213,7 @@ class BlockPlan:
             kv_block_counts=counts,
             kv_run_starts=runs[0] if runs else None,
             kv_run_counts=runs[1] if runs else None,
+            kv_run_step=runs[2] if runs else 1,
             q_perm=self.q_perm,
             kv_perm=self.kv_perm,
             block_m=self.block,

@@ -148,6 +148,22 @@ def _check_contents(
             )
 
 
+def _check_run_step(step: object, B: int, H: int, device) -> torch.Tensor:
+    """``kv_run_step`` as an int64 ``[B|1, H|1]`` tensor on ``device``."""
+    if isinstance(step, bool) or not isinstance(step, (int, torch.Tensor)):
+        raise TypeError(f"kv_run_step: expected an int or an int tensor, got {type(step).__name__}")
+    if isinstance(step, int):
+        if step < 1:
+            raise ValueError(f"kv_run_step: expected an int >= 1, got {step}")
+        return torch.full((1, 1), step, dtype=torch.int64, device=device)
+    _check_int_tensor(step, "kv_run_step", device)
+    if step.ndim != 2 or step.shape[0] not in (1, B) or step.shape[1] not in (1, H):
+        raise ValueError(
+            f"kv_run_step: expected shape [{B} or 1, {H} or 1], got {tuple(step.shape)}"
+        )
+    return step.to(torch.int64)
+
+
 def _check_runs(starts: torch.Tensor, counts: torch.Tensor, S_KV: int) -> None:
     maxr = starts.shape[-1]
     if bool(((counts < 0) | (counts > maxr)).any()):
@@ -183,6 +199,7 @@ def permuted_block_sparse_attention(
     kv_block_pairs: torch.Tensor | None = None,
     kv_run_starts: torch.Tensor | None = None,
     kv_run_counts: torch.Tensor | None = None,
+    kv_run_step: int | torch.Tensor = 1,
     scale: float | None = None,
     check_perm: bool | None = None,
     impl: str = "auto",
@@ -211,12 +228,13 @@ def permuted_block_sparse_attention(
     pattern there. Full-list entries take no pair mask.
 
     Run list (optional: ``kv_run_starts`` and ``kv_run_counts`` together): entries are ORIGINAL
-    key positions ``s``; permuted query block ``m`` attends the ``block_n`` consecutive original
-    keys ``s .. s + block_n - 1`` (clipped at ``S_KV``), under the same causal rule as the
-    partial list. A listed key block whose keys are consecutive original positions (every block
-    of a modality permutation that does not cross a segment end, every block of an identity
-    one) can go here instead of in ``kv_block_indices``: the kernel then loads it like an
-    un-permuted tile, without reading the key permutation (the indirection costs about 30% at
+    key positions ``s``; permuted query block ``m`` attends the ``block_n`` original keys
+    ``s, s + d, ..., s + (block_n - 1) * d`` below ``S_KV`` (``d = kv_run_step`` of the head),
+    under the same causal rule as the partial list. A listed key block whose keys form such a
+    progression (with ``d = 1``: every block of an identity order and of a modality order that
+    does not cross a segment end; with ``d`` = the grid stride: every block inside one grid
+    line) can go here instead of in ``kv_block_indices``: the kernel then computes the tile's
+    key positions instead of reading the key permutation (the indirection costs about 30% at
     128K on an H100, ``docs/benchmarks/grid_and_boundaries.md`` §5c).
     :func:`~sparse_kernels.permuted.split_run_blocks` makes the split. Runs take no pair mask.
 
@@ -250,6 +268,7 @@ def permuted_block_sparse_attention(
         kv_run_starts: int32/int64 ``[B or 1, H or 1, NQB, MAXR]`` original start positions in
             ``[0, S_KV)``; kv_run_counts: ``[B or 1, H or 1, NQB]``, as for the block lists. The
             caller keeps each key in at most one list (``check_perm`` checks the ranges only).
+        kv_run_step: the runs' step, ``>= 1``: an int or an int tensor ``[B or 1, H or 1]``.
         scale: softmax scale, default ``D ** -0.5``.
         check_perm: verify that the permutations are permutations, modality ids in ``[0, 8)``,
             counts in ``[0, MAXB]``, listed blocks in range and no block listed twice. Cost:
@@ -311,6 +330,7 @@ def permuted_block_sparse_attention(
             f"starts={'None' if kv_run_starts is None else 'a tensor'}, "
             f"counts={'None' if kv_run_counts is None else 'a tensor'}"
         )
+    kv_run_step = _check_run_step(kv_run_step, B, H, dev)
     if kv_run_starts is not None:
         _check_blocks(
             kv_run_starts, kv_run_counts, "", B, H, nqb, dev, ("kv_run_starts", "kv_run_counts")
@@ -329,6 +349,10 @@ def permuted_block_sparse_attention(
         _check_contents(q_perm, kv_perm, lists, nkb, modalities)
         if kv_run_starts is not None:
             _check_runs(kv_run_starts, kv_run_counts, S_KV)
+            if bool((kv_run_step < 1).any()):
+                raise ValueError(
+                    f"kv_run_step: expected steps >= 1, got min {int(kv_run_step.min())}"
+                )
     kw = dict(
         q_perm=q_perm,
         kv_perm=kv_perm,
@@ -345,6 +369,7 @@ def permuted_block_sparse_attention(
         kv_block_pairs=kv_block_pairs,
         kv_run_starts=kv_run_starts,
         kv_run_counts=kv_run_counts,
+        kv_run_step=kv_run_step,
     )
     if which == "reference":
         return permuted_block_sparse_attention_reference(q, k, v, **kw)

@@ -278,25 +278,38 @@ def host_ints(*xs: torch.Tensor) -> list[int]:
     return torch.stack([x.reshape(()).long() for x in xs]).tolist()
 
 
-def kv_block_runs(kv_perm: torch.Tensor, block_n: int) -> torch.Tensor:
-    """Which key blocks of a permuted order are runs of consecutive original positions.
+def kv_block_runs(
+    kv_perm: torch.Tensor, block_n: int, step: int | torch.Tensor = 1
+) -> torch.Tensor:
+    """Which key blocks of a permuted order are runs: arithmetic in original positions.
 
     Args:
         kv_perm: int ``[..., S]`` (``kv_perm[c]`` = original key at permuted column ``c``).
         block_n: key block size.
+        step: the run step, an int or an int tensor broadcasting to ``kv_perm.shape[:-1]``
+            (1: consecutive keys, as in identity and modality orders; the grid stride: the
+            tokens of one grid line).
     Returns:
         int32 ``[..., ceil(S / block_n)]``: the original position ``s`` of the block's first key
-        if its keys are ``s, s + 1, ...`` (a partial last block only if it ends at ``S - 1``,
-        so that ``s .. s + block_n - 1`` clipped at ``S`` is exactly its keys), else -1.
+        if its keys are ``s, s + step, s + 2 * step, ...``, else -1. A partial last block counts
+        only if the next key of its progression would be ``>= S``, so that "the ``block_n`` keys
+        ``s + i * step`` below ``S``" is exactly the block.
     """
     S = kv_perm.shape[-1]
     nkb = -(-S // block_n)
+    lead = kv_perm.shape[:-1]
+    step = torch.as_tensor(step, dtype=torch.int64, device=kv_perm.device).expand(lead)
     pad = nkb * block_n - S
-    # Pad with the positions a run ending at S - 1 would continue with: S, S + 1, ...
-    tail = torch.arange(S, S + pad, dtype=torch.int64, device=kv_perm.device)
-    p = torch.cat([kv_perm.long(), tail.expand(*kv_perm.shape[:-1], pad)], dim=-1)
-    p = p.reshape(*kv_perm.shape[:-1], nkb, block_n)
-    steady = (p == p[..., :1] + torch.arange(block_n, device=p.device)).all(-1)
+    p = torch.nn.functional.pad(kv_perm.long(), (0, pad), value=-1).reshape(*lead, nkb, block_n)
+    i = torch.arange(block_n, device=p.device)
+    want = p[..., :1] + i * step[..., None, None]
+    # Entries past S (the padding of a partial last block) are not compared; that block also
+    # needs its progression to leave the sequence right after it.
+    inside = (torch.arange(nkb, device=p.device)[:, None] * block_n + i) < S
+    steady = ((p == want) | ~inside).all(-1)
+    n_last = S - (nkb - 1) * block_n
+    ends = p[..., -1, 0] + n_last * step >= S
+    steady[..., -1] &= ends | (n_last == block_n)
     return torch.where(steady, p[..., 0], -1).to(torch.int32)
 
 
@@ -306,6 +319,7 @@ def split_run_blocks(
     kv_block_counts: torch.Tensor,
     block_n: int,
     *,
+    step: int | torch.Tensor = 1,
     width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Move the listed key blocks that are runs (:func:`kv_block_runs`) to a run list.
@@ -314,6 +328,8 @@ def split_run_blocks(
         kv_perm: int ``[B|1, Hp|1, S_KV]``; kv_block_indices ``[B|1, H|1, NQB, MAXB]`` and
             kv_block_counts ``[B|1, H|1, NQB]`` (their leading dims broadcast with the
             permutation's; ``Hp`` is the lists' head count, i.e. one permutation per listed head).
+        step: the runs' step (see :func:`kv_block_runs`); pass the same to the kernel as
+            ``kv_run_step``.
         width: width of both outputs (each must hold its largest count); None reads the largest
             counts back from the device.
     Returns:
@@ -322,7 +338,7 @@ def split_run_blocks(
         then the runs' original start positions; int32, each row in list order. Together they
         attend exactly what the input lists attend.
     """
-    runs = kv_block_runs(kv_perm, block_n)
+    runs = kv_block_runs(kv_perm, block_n, step)
     nkb = runs.shape[-1]
     lead = torch.broadcast_shapes(runs.shape[:-1], kv_block_indices.shape[:2])
     idx = kv_block_indices.expand(*lead, *kv_block_indices.shape[2:])

@@ -87,6 +87,7 @@ def permuted_mask(
     kv_block_pairs: torch.Tensor | None = None,
     kv_run_starts: torch.Tensor | None = None,
     kv_run_counts: torch.Tensor | None = None,
+    kv_run_step: int | torch.Tensor = 1,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """``[B, H, S_Q, S_KV]`` bool in ORIGINAL coordinates: what query ``i`` attends.
@@ -96,7 +97,8 @@ def permuted_mask(
     the full list, or it is in the partial list and (not causal or ``j <= i + S_KV - S_Q``)
     and, with pair masks, bit ``q_modality[i] * 8 + kv_modality[j]`` of the entry's
     ``kv_block_pairs`` value is set. A run-list entry ``s`` of permuted query block ``m`` adds
-    the original keys ``s .. s + block_n - 1`` for its rows, under the same causal rule.
+    the original keys ``s + i * kv_run_step`` (``i < block_n``, below ``S_KV``) for its rows,
+    under the same causal rule.
     """
     nqb, nkb = -(-S_Q // block_m), -(-S_KV // block_n)
 
@@ -135,7 +137,10 @@ def permuted_mask(
         # Runs are in ORIGINAL key order already: spread each start over its block_n keys.
         st = kv_run_starts.to(device=device, dtype=torch.int64)
         valid = torch.arange(st.shape[-1], device=device) < kv_run_counts.to(device)[..., None]
-        keys = st[..., None] + torch.arange(block_n, device=device)  # [.., NQB, MAXR, block_n]
+        step = torch.as_tensor(kv_run_step, dtype=torch.int64, device=device)
+        step = step.reshape(1, 1) if step.ndim == 0 else step  # [B|1, H|1]
+        steps = torch.arange(block_n, device=device) * step[:, :, None, None, None]
+        keys = st[..., None] + steps  # [.., NQB, MAXR, block_n]
         keys = torch.where(valid[..., None] & (keys < S_KV), keys, S_KV).flatten(-2)
         runs = torch.zeros(*keys.shape[:-1], S_KV + 1, dtype=torch.bool, device=device)
         runs = runs.scatter_(-1, keys, True)[..., :S_KV].expand(B, H, nqb, S_KV)
@@ -167,6 +172,7 @@ def permuted_block_sparse_attention_reference(
     kv_block_pairs: torch.Tensor | None = None,
     kv_run_starts: torch.Tensor | None = None,
     kv_run_counts: torch.Tensor | None = None,
+    kv_run_step: int | torch.Tensor = 1,
     scale: float | None = None,
     compute_dtype: torch.dtype | None = None,
     row_chunk: int = 2048,
@@ -197,6 +203,7 @@ def permuted_block_sparse_attention_reference(
         kv_block_pairs=kv_block_pairs,
         kv_run_starts=kv_run_starts,
         kv_run_counts=kv_run_counts,
+        kv_run_step=kv_run_step,
         device=q.device,
     )
     outs, lses = [], []

@@ -102,6 +102,7 @@ def _permuted_blocks_inner(
     kvmax_base,
     kvset_base,
     stride_sum_n,
+    run_step,
     stride_k_s,
     stride_k_d,
     stride_v_s,
@@ -124,9 +125,10 @@ def _permuted_blocks_inner(
     """Online-softmax update over the ``count`` listed key blocks, BLOCK_N key tiles at a time.
 
     RUN_LIST: the entries are not permuted key blocks but ORIGINAL positions ``s`` of runs of
-    ``kv_block`` consecutive keys ``s .. s + kv_block - 1`` (clipped at ``S_KV``): the tile is
-    loaded like an un-permuted one, without the key permutation (call it with HAS_KV_PERM and
-    HAS_PAIRS off).
+    ``kv_block`` keys ``s, s + run_step, s + 2 * run_step, ...`` (those below ``S_KV``): the tile's
+    key positions are arithmetic, so it is loaded without the key permutation (call it with
+    HAS_KV_PERM and HAS_PAIRS off). ``run_step`` is 1 for identity and modality orders and the
+    grid stride for a Grid head's lines.
 
     With HAS_PAIRS, element (row, col) of an entry is kept only if bit
     ``q_pair[row] + kv_modality[col]`` of the entry's int64 pair mask is set.
@@ -146,10 +148,13 @@ def _permuted_blocks_inner(
     for t in range(0, count * n_sub):
         blk = tl.load(idx_base + (t // n_sub) * stride_idx_n)
         if RUN_LIST:
-            start_p = blk.to(tl.int64) + (t % n_sub) * BLOCK_N
+            start_p = blk.to(tl.int64) + (t % n_sub) * BLOCK_N * run_step
+            cols_p = start_p + offs_n * run_step
+            last_p = start_p + (BLOCK_N - 1) * run_step
         else:
             start_p = blk.to(tl.int64) * kv_block + (t % n_sub) * BLOCK_N
-        cols_p = start_p + offs_n
+            cols_p = start_p + offs_n
+            last_p = start_p + BLOCK_N - 1
         col_ok = cols_p < S_KV
         if HAS_KV_PERM:
             cols = tl.load(kvp_base + cols_p * stride_kvp_s, mask=col_ok, other=0).to(tl.int64)
@@ -165,13 +170,13 @@ def _permuted_blocks_inner(
             mask=col_ok[:, None] & d_ok[None, :],
             other=0.0,
         )
-        need = start_p + BLOCK_N > S_KV
+        need = last_p >= S_KV
         if APPLY_CAUSAL:
             # Causality on ORIGINAL positions: that is what keeps a permuted causal head exact.
             if HAS_KV_PERM:
                 max_col = tl.load(kvmax_base + blk.to(tl.int64) * stride_sum_n).to(tl.int64)
             else:
-                max_col = start_p + BLOCK_N - 1
+                max_col = last_p
             need = need | (max_col > min_q_pos)
         if HAS_PAIRS:
             bits = tl.load(pairs_base + (t // n_sub) * stride_pairs_n).to(tl.int64)
@@ -230,6 +235,7 @@ def _permuted_fwd_kernel(
     kvset_ptr,
     run_ptr,
     rcnt_ptr,
+    step_ptr,
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -284,6 +290,8 @@ def _permuted_fwd_kernel(
     stride_rcnt_b,
     stride_rcnt_h,
     stride_rcnt_m,
+    stride_step_b,
+    stride_step_h,
     H,
     GROUP,
     KVP_HEAD_DIV,
@@ -369,7 +377,7 @@ def _permuted_fwd_kernel(
     acc, l_i, m_i = _permuted_blocks_inner(
         acc, l_i, m_i, q, k_base, v_base, kvp_base, idx_base, stride_idx_n, count,
         pairs_base, stride_pairs_n, kvmod_base, stride_kvmod_s, q_pair,
-        q_mods, kvmax_base, kvset_base, stride_sum_n,
+        q_mods, kvmax_base, kvset_base, stride_sum_n, 1,
         stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
         q_pos, offs_n, offs_d, S_KV, qk_scale,
         D, BLOCK_N, IS_CAUSAL, HAS_KV_PERM, HAS_PAIRS, IEEE, False,
@@ -379,10 +387,11 @@ def _permuted_fwd_kernel(
         run_base = (
             run_ptr + b64 * stride_run_b + h64 * stride_run_h + qb.to(tl.int64) * stride_run_m
         )
+        run_step = tl.load(step_ptr + b64 * stride_step_b + h64 * stride_step_h).to(tl.int64)
         acc, l_i, m_i = _permuted_blocks_inner(
             acc, l_i, m_i, q, k_base, v_base, kvp_base, run_base, stride_run_n, rcount,
             pairs_base, stride_pairs_n, kvmod_base, stride_kvmod_s, q_pair,
-            q_mods, kvmax_base, kvset_base, stride_sum_n,
+            q_mods, kvmax_base, kvset_base, stride_sum_n, run_step,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
             q_pos, offs_n, offs_d, S_KV, qk_scale,
             D, BLOCK_N, IS_CAUSAL, False, False, IEEE, True,
@@ -395,7 +404,7 @@ def _permuted_fwd_kernel(
         acc, l_i, m_i = _permuted_blocks_inner(
             acc, l_i, m_i, q, k_base, v_base, kvp_base, fidx_base, stride_fidx_n, fcount,
             pairs_base, stride_pairs_n, kvmod_base, stride_kvmod_s, q_pair,
-            q_mods, kvmax_base, kvset_base, stride_sum_n,
+            q_mods, kvmax_base, kvset_base, stride_sum_n, 1,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
             q_pos, offs_n, offs_d, S_KV, qk_scale,
             D, BLOCK_N, False, HAS_KV_PERM, False, IEEE, False,
@@ -527,6 +536,7 @@ def _launch_permuted_fwd(
     kv_block_pairs: torch.Tensor | None = None,
     kv_run_starts: torch.Tensor | None = None,
     kv_run_counts: torch.Tensor | None = None,
+    kv_run_step: torch.Tensor | None = None,
     config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config`` forces one tile config (tests sweep the autotune list)."""
@@ -551,6 +561,11 @@ def _launch_permuted_fwd(
         kv_perm, kv_modality if has_pairs else None, block_n, S_KV, causal=bool(causal)
     )
     has_runs = kv_run_starts is not None
+    if has_runs:
+        # [B|1, H|1] int64 step of each head's runs (1 = consecutive keys).
+        run_step = torch.ones(1, 1, dtype=torch.int64, device=q.device)
+        if kv_run_step is not None:
+            run_step = kv_run_step.to(torch.int64)
     dummy = kv_block_counts  # any int tensor: never read when the HAS_* flag is off
     args = (
         q, k, v, out, lse,
@@ -564,6 +579,7 @@ def _launch_permuted_fwd(
         kv_set if kv_set is not None else dummy,
         kv_run_starts if has_runs else dummy,
         kv_run_counts if has_runs else dummy,
+        run_step if has_runs else dummy,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *_strides3(q_perm), *_strides3(kv_perm),
         *_strides_blocks(kv_block_indices), *_strides_blocks(kv_block_counts),
@@ -573,6 +589,7 @@ def _launch_permuted_fwd(
         *_strides_summary(kv_max if kv_max is not None else kv_set),
         *(_strides_blocks(kv_run_starts) if has_runs else (0, 0, 0, 0)),
         *(_strides_blocks(kv_run_counts) if has_runs else (0, 0, 0)),
+        *(_strides_blocks(run_step) if has_runs else (0, 0)),
         H, H // H_KV, kvp_div, S_Q, S_KV, block_m, block_n, scale, seq_bucket(S_KV),
     )  # fmt: skip
     flags = dict(

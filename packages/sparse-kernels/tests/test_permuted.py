@@ -507,7 +507,13 @@ def test_split_run_blocks_attends_the_same(perm, full):
         kw["kv_perm"] = torch.arange(S, dtype=torch.int32, device=DEV).expand(1, H, S).contiguous()
     kv_perm = kw["kv_perm"]
     # Grid perms of this helper: per-head strides 3..16 (the gap between a line's first tokens).
-    step = (kv_perm[..., 1] - kv_perm[..., 0]).long() if perm == "grid" else 1
+    # The kernel's three run paths: a per-head step read at run time (grid), a step-1 tensor
+    # (the same branch, taking its constant-step loop: modality), the int 1 (compiled in).
+    step = {
+        "grid": (kv_perm[..., 1] - kv_perm[..., 0]).long(),
+        "modality": torch.ones(1, H, dtype=torch.long, device=DEV),
+        "identity-perm": 1,
+    }[perm]
     idx, cnt, rs, rc = split_run_blocks(
         kv_perm, kw["kv_block_indices"], kw["kv_block_counts"], blk, step=step
     )

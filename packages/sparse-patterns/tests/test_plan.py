@@ -241,7 +241,7 @@ def test_layer_reference_equals_masked_attention_of_the_plan():
     assert torch.equal(plan.q_perm[0, 7], morder) and torch.equal(plan.kv_perm[0, 7], morder)
     # run() launches the key blocks that are runs of consecutive keys from a run list: all of
     # them for identity key orders, some for the 2D head's modality order.
-    idx, cnt, (starts, run_cnt, step) = plan._launch_lists
+    idx, cnt, (starts, run_cnt, _) = plan._launch_lists
     for h in range(1, 7):
         assert int(cnt[0, h].sum()) == 0 and int(run_cnt[0, h].sum()) > 0
     assert int(cnt[0, 7].sum()) > 0 and int(run_cnt[0, 7].sum()) > 0

@@ -175,7 +175,7 @@ class BlockPlan:
         moved to a run list, which the kernel loads without the permutation. A head's run step
         is 1 (identity and modality orders: blocks that do not cross a segment end) or its grid
         stride (Grid orders: blocks inside one grid line), whichever gives it more runs. Up to
-        four host reads, once per plan."""
+        five host reads, once per plan."""
         from sparse_kernels.permuted import kv_block_runs, split_run_blocks
 
         counts = self.kv_block_counts
@@ -197,7 +197,8 @@ class BlockPlan:
         idx, cnt, rs, rc = split_run_blocks(
             self.kv_perm, self.kv_block_indices, counts, self.block, step=step
         )
-        return idx, cnt, (rs, rc, step)
+        # Every step 1 (no Grid head with runs): an int, which the kernel compiles in.
+        return idx, cnt, (rs, rc, 1 if bool((step == 1).all()) else step)
 
     def run(self, q, k, v, *, scale: float | None = None, impl: str = "auto"):
         """Execute with ``sparse_kernels.permuted_block_sparse_attention`` (one launch), plus one

@@ -148,14 +148,15 @@ def _check_contents(
             )
 
 
-def _check_run_step(step: object, B: int, H: int, device) -> torch.Tensor:
-    """``kv_run_step`` as an int64 ``[B|1, H|1]`` tensor on ``device``."""
+def _check_run_step(step: object, B: int, H: int, device) -> int | torch.Tensor:
+    """``kv_run_step``, checked: an int >= 1 as is (the kernel compiles a step of 1 in), a tensor
+    as int64 ``[B|1, H|1]``."""
     if isinstance(step, bool) or not isinstance(step, (int, torch.Tensor)):
         raise TypeError(f"kv_run_step: expected an int or an int tensor, got {type(step).__name__}")
     if isinstance(step, int):
         if step < 1:
             raise ValueError(f"kv_run_step: expected an int >= 1, got {step}")
-        return torch.full((1, 1), step, dtype=torch.int64, device=device)
+        return step
     _check_int_tensor(step, "kv_run_step", device)
     if step.ndim != 2 or step.shape[0] not in (1, B) or step.shape[1] not in (1, H):
         raise ValueError(
@@ -349,7 +350,7 @@ def permuted_block_sparse_attention(
         _check_contents(q_perm, kv_perm, lists, nkb, modalities)
         if kv_run_starts is not None:
             _check_runs(kv_run_starts, kv_run_counts, S_KV)
-            if bool((kv_run_step < 1).any()):
+            if isinstance(kv_run_step, torch.Tensor) and bool((kv_run_step < 1).any()):
                 raise ValueError(
                     f"kv_run_step: expected steps >= 1, got min {int(kv_run_step.min())}"
                 )

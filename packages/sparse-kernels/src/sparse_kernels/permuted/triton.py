@@ -309,6 +309,7 @@ def _permuted_fwd_kernel(
     HAS_FULL: tl.constexpr,
     HAS_PAIRS: tl.constexpr,
     HAS_RUNS: tl.constexpr,
+    UNIT_STEPS: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -387,15 +388,31 @@ def _permuted_fwd_kernel(
         run_base = (
             run_ptr + b64 * stride_run_b + h64 * stride_run_h + qb.to(tl.int64) * stride_run_m
         )
-        run_step = tl.load(step_ptr + b64 * stride_step_b + h64 * stride_step_h).to(tl.int64)
-        acc, l_i, m_i = _permuted_blocks_inner(
-            acc, l_i, m_i, q, k_base, v_base, kvp_base, run_base, stride_run_n, rcount,
-            pairs_base, stride_pairs_n, kvmod_base, stride_kvmod_s, q_pair,
-            q_mods, kvmax_base, kvset_base, stride_sum_n, run_step,
-            stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
-            q_pos, offs_n, offs_d, S_KV, qk_scale,
-            D, BLOCK_N, IS_CAUSAL, False, False, IEEE, True,
-        )  # fmt: skip
+        if UNIT_STEPS:
+            run_step = 1
+        else:
+            run_step = tl.load(step_ptr + b64 * stride_step_b + h64 * stride_step_h).to(tl.int64)
+        # Step 1 (identity and modality orders) gets a loop with the step a constant: the compiler
+        # then sees consecutive key rows. UNIT_STEPS: every head's step is 1 (no branch at all);
+        # otherwise the branch picks per program (grid_and_boundaries.md §5d measures them).
+        if UNIT_STEPS or run_step == 1:
+            acc, l_i, m_i = _permuted_blocks_inner(
+                acc, l_i, m_i, q, k_base, v_base, kvp_base, run_base, stride_run_n, rcount,
+                pairs_base, stride_pairs_n, kvmod_base, stride_kvmod_s, q_pair,
+                q_mods, kvmax_base, kvset_base, stride_sum_n, 1,
+                stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
+                q_pos, offs_n, offs_d, S_KV, qk_scale,
+                D, BLOCK_N, IS_CAUSAL, False, False, IEEE, True,
+            )  # fmt: skip
+        else:
+            acc, l_i, m_i = _permuted_blocks_inner(
+                acc, l_i, m_i, q, k_base, v_base, kvp_base, run_base, stride_run_n, rcount,
+                pairs_base, stride_pairs_n, kvmod_base, stride_kvmod_s, q_pair,
+                q_mods, kvmax_base, kvset_base, stride_sum_n, run_step,
+                stride_k_s, stride_k_d, stride_v_s, stride_v_d, stride_kvp_s, kv_block,
+                q_pos, offs_n, offs_d, S_KV, qk_scale,
+                D, BLOCK_N, IS_CAUSAL, False, False, IEEE, True,
+            )  # fmt: skip
     if HAS_FULL:
         fcount = tl.load(fcnt_ptr + b64 * stride_fcnt_b + h64 * stride_fcnt_h + qb * stride_fcnt_m)
         fidx_base = (
@@ -433,6 +450,7 @@ _permuted_fwd_autotuned = triton.autotune(
         "HAS_FULL",
         "HAS_PAIRS",
         "HAS_RUNS",
+        "UNIT_STEPS",
         "IEEE",
         "q_block",
         "kv_block",
@@ -536,7 +554,7 @@ def _launch_permuted_fwd(
     kv_block_pairs: torch.Tensor | None = None,
     kv_run_starts: torch.Tensor | None = None,
     kv_run_counts: torch.Tensor | None = None,
-    kv_run_step: torch.Tensor | None = None,
+    kv_run_step: int | torch.Tensor = 1,
     config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config`` forces one tile config (tests sweep the autotune list)."""
@@ -561,11 +579,13 @@ def _launch_permuted_fwd(
         kv_perm, kv_modality if has_pairs else None, block_n, S_KV, causal=bool(causal)
     )
     has_runs = kv_run_starts is not None
+    unit_steps = isinstance(kv_run_step, int) and kv_run_step == 1
     if has_runs:
         # [B|1, H|1] int64 step of each head's runs (1 = consecutive keys).
         run_step = torch.ones(1, 1, dtype=torch.int64, device=q.device)
-        if kv_run_step is not None:
-            run_step = kv_run_step.to(torch.int64)
+        if not unit_steps:
+            run_step = torch.as_tensor(kv_run_step, dtype=torch.int64, device=q.device)
+            run_step = run_step.reshape(1, 1) if run_step.ndim == 0 else run_step
     dummy = kv_block_counts  # any int tensor: never read when the HAS_* flag is off
     args = (
         q, k, v, out, lse,
@@ -601,6 +621,7 @@ def _launch_permuted_fwd(
         HAS_FULL=has_full,
         HAS_PAIRS=has_pairs,
         HAS_RUNS=has_runs,
+        UNIT_STEPS=unit_steps,
         IEEE=q.dtype == torch.float32,
     )
     if config is None and on_interpreter():

@@ -94,6 +94,19 @@ def _rounds(S: int) -> int:
     return 3 if S >= 524288 else 10
 
 
+def _record_plan(benchmark, plan, S, **extra):
+    dense_flops = attention_flops(B, H, causal_pairs(S, S), D)
+    record(
+        benchmark,
+        flops_dense=dense_flops,
+        flops_useful=dense_flops * plan.density(),
+        dtype="bf16",
+        S=S,
+        density=plan.density(),
+        **extra,
+    )
+
+
 def planted_video_qkv(S: int, *, heads: int, kv_heads: int, dim: int, tpf: int, device):
     """Planted grid, float32 ``[1, heads, S, dim]`` / ``[1, kv_heads, S, dim]`` x2: vertical lines
     at ``j = phase (mod tpf)`` (phase ``37 * kv_head mod tpf``) and slash lines ``i = j (mod tpf)``
@@ -245,14 +258,11 @@ def test_grid_vs_vertical_slash(benchmark, shape):
     out = plan.run(q, k, v)
     _check_rows(q, k, v, plan, out.out)
     _run(benchmark, lambda: plan.run(q, k, v), _rounds(S))
-    dense_flops = attention_flops(B, H, causal_pairs(S, S), D)
     vs_ms = benchmark.stats.stats.median * 1e3
-    record(
+    _record_plan(
         benchmark,
-        flops_dense=dense_flops,
-        flops_useful=dense_flops * plan.density(),
-        dtype="bf16",
-        S=S,
+        plan,
+        S,
         vs_budget=[nv, ns],
         vs_mass_recall=rec,
         vs_density=plan.density(),
@@ -291,19 +301,6 @@ def _same_lists(q, k, v, plan, q_perm=None, kv_perm=None):
         q, k, v, kv_block_indices=plan.kv_block_indices, kv_block_counts=plan.kv_block_counts,
         q_perm=q_perm, kv_perm=kv_perm, block_m=BLOCK, block_n=BLOCK,
     )  # fmt: skip
-
-
-def _record_plan(benchmark, plan, S, **extra):
-    dense_flops = attention_flops(B, H, causal_pairs(S, S), D)
-    record(
-        benchmark,
-        flops_dense=dense_flops,
-        flops_useful=dense_flops * plan.density(),
-        dtype="bf16",
-        S=S,
-        density=plan.density(),
-        **extra,
-    )
 
 
 @pytest.mark.parametrize("provider", ["permuted", "same-lists-unpermuted"])

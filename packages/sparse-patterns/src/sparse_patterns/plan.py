@@ -186,16 +186,18 @@ class BlockPlan:
         if self.kv_perm is None:
             return self.kv_block_indices, counts, None
         step = torch.ones(self.kv_perm.shape[:2], dtype=torch.int64, device=counts.device)
+        runs = kv_block_runs(self.kv_perm, self.block)
         stride = self.meta.get("stride")
         if stride is not None and bool((stride > 1).any()):
             grid = torch.where(stride > 1, stride, 1).to(counts.device)
-            n_unit = (kv_block_runs(self.kv_perm, self.block) >= 0).sum(-1)
-            n_grid = (kv_block_runs(self.kv_perm, self.block, grid) >= 0).sum(-1)
-            step = torch.where(n_grid > n_unit, grid, step)
-        if not bool((kv_block_runs(self.kv_perm, self.block, step) >= 0).any()):
+            grid_runs = kv_block_runs(self.kv_perm, self.block, grid)
+            use_grid = (grid_runs >= 0).sum(-1) > (runs >= 0).sum(-1)
+            step = torch.where(use_grid, grid, step)
+            runs = torch.where(use_grid[..., None], grid_runs, runs)
+        if not bool((runs >= 0).any()):
             return self.kv_block_indices, counts, None
         idx, cnt, rs, rc = split_run_blocks(
-            self.kv_perm, self.kv_block_indices, counts, self.block, step=step
+            self.kv_perm, self.kv_block_indices, counts, self.block, step=step, runs=runs
         )
         # Every step 1 (no Grid head with runs): an int, which the kernel compiles in.
         return idx, cnt, (rs, rc, 1 if bool((step == 1).all()) else step)

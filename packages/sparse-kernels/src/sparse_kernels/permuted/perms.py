@@ -320,6 +320,7 @@ def split_run_blocks(
     block_n: int,
     *,
     step: int | torch.Tensor = 1,
+    runs: torch.Tensor | None = None,
     width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Move the listed key blocks that are runs (:func:`kv_block_runs`) to a run list.
@@ -330,6 +331,8 @@ def split_run_blocks(
             permutation's; ``Hp`` is the lists' head count, i.e. one permutation per listed head).
         step: the runs' step (see :func:`kv_block_runs`); pass the same to the kernel as
             ``kv_run_step``.
+        runs: ``kv_block_runs(kv_perm, block_n, step)`` if the caller already has it (it is
+            then not recomputed; ``kv_perm`` and ``step`` are not read).
         width: width of both outputs (each must hold its largest count); None reads the largest
             counts back from the device.
     Returns:
@@ -338,7 +341,8 @@ def split_run_blocks(
         then the runs' original start positions; int32, each row in list order. Together they
         attend exactly what the input lists attend.
     """
-    runs = kv_block_runs(kv_perm, block_n, step)
+    if runs is None:
+        runs = kv_block_runs(kv_perm, block_n, step)
     nkb = runs.shape[-1]
     lead = torch.broadcast_shapes(runs.shape[:-1], kv_block_indices.shape[:2])
     idx = kv_block_indices.expand(*lead, *kv_block_indices.shape[2:])

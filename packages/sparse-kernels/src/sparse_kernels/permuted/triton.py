@@ -527,13 +527,6 @@ def _kv_block_summaries(
     return kv_max, kv_set
 
 
-def _strides_summary(t: torch.Tensor | None) -> tuple[int, int, int]:
-    """Strides (b, h, n) of a ``[B|1, Hp|1, NKB]`` summary; size-1 dims broadcast."""
-    if t is None:
-        return (0, 0, 0)
-    return tuple(0 if (i < 2 and t.shape[i] == 1) else t.stride(i) for i in range(3))
-
-
 def _launch_permuted_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -578,6 +571,7 @@ def _launch_permuted_fwd(
     kv_max, kv_set = _kv_block_summaries(
         kv_perm, kv_modality if has_pairs else None, block_n, S_KV, causal=bool(causal)
     )
+    summary = kv_max if kv_max is not None else kv_set  # the two share one shape
     has_runs = kv_run_starts is not None
     unit_steps = isinstance(kv_run_step, int) and kv_run_step == 1
     if has_runs:
@@ -606,7 +600,7 @@ def _launch_permuted_fwd(
         *_strides_blocks(fidx), *_strides_blocks(fcnt),
         *_strides_mod(q_modality), *_strides_mod(kv_modality),
         *(_strides_blocks(kv_block_pairs) if has_pairs else (0, 0, 0, 0)),
-        *_strides_summary(kv_max if kv_max is not None else kv_set),
+        *(_strides_blocks(summary) if summary is not None else (0, 0, 0)),
         *(_strides_blocks(kv_run_starts) if has_runs else (0, 0, 0, 0)),
         *(_strides_blocks(kv_run_counts) if has_runs else (0, 0, 0)),
         *(_strides_blocks(run_step) if has_runs else (0, 0)),

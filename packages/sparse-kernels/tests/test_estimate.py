@@ -11,6 +11,7 @@ FLOOR = 1e-4
 CASES = [
     pytest.param(1, 2, 2, 64, 300, 64, 236, id="last64-S300"),
     pytest.param(2, 4, 1, 16, 130, 32, 114, id="B2-gqa4-L16"),
+    pytest.param(2, 6, 2, 16, 150, 32, 134, id="B2-HKV2-gqa3"),
     pytest.param(1, 3, 1, 10, 200, 80, 57, id="L10-D80-middle-rows"),
     pytest.param(1, 2, 2, 64, 64, 16, 0, id="rows-are-all"),
     pytest.param(1, 2, 1, 1, 97, 64, 96, id="L1"),

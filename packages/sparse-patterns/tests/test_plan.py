@@ -369,6 +369,62 @@ def test_grid_fast_lists_equal_the_block_mask_path(S, stride, phase, vline, slas
     assert torch.equal(lists_from_chunks(fn, 2, nb, nb, "cpu")[0], i1)
 
 
+@pytest.mark.parametrize(
+    "S,stride,blk",
+    [(517, 12, 16), (300, 16, 32), (64, 8, 8), (100, 7, 1), (90, 40, 8), (50, 70, 4), (33, 1, 8)],
+)
+def test_grid_block_runs_equal_kv_block_runs(S, stride, blk):
+    """The planner's run map from the line table equals the pass over the permutation, for
+    strides below, near and above S / 2 (empty lines), block 1 and stride 1 (identity)."""
+    from sparse_kernels import grid_permutation
+    from sparse_kernels.permuted import kv_block_runs
+    from sparse_kernels.permuted.perms import grid_line_offsets
+    from sparse_patterns.plan import grid_block_runs
+
+    st = torch.tensor([stride, stride, stride])
+    ph = torch.tensor([0, 3 % stride, (stride - 1)])
+    perm, _ = grid_permutation(S, st, ph)
+    for offs in (grid_line_offsets(S, st, ph), grid_line_offsets(S, st, ph, max_stride=stride + 5)):
+        got = grid_block_runs(perm, offs, S, blk)
+        assert got.dtype == torch.int32
+        assert torch.equal(got, kv_block_runs(perm, blk, st))
+
+
+def test_plan_run_map_equals_kv_block_runs():
+    """``plan_layer``'s ``kv_runs`` (identity, Grid, 2D- and Q-Boundary heads in one layer)
+    equals ``kv_block_runs`` of the plan's key order with each head's step, and run() splits
+    with it exactly as with runs found from ``kv_perm`` (same lists, same output)."""
+    import dataclasses
+
+    from sparse_kernels.permuted import kv_block_runs
+
+    S = 335
+    lay = TokenLayout.from_spans(LAYOUT_SPANS, tokens_per_frame=24)
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 8, S, 32, generator=g)
+    k = torch.randn(1, 4, S, 32, generator=g)
+    v = torch.randn(1, 4, S, 32, generator=g)
+    heads = [HeadConfig(Grid(stride=8))] + HEADS[1:]
+    plan = plan_layer(q, k, heads, lay, block=32)
+    runs, step = plan.kv_runs
+    assert isinstance(step, torch.Tensor) and int(step[0, 0]) == 8
+    assert torch.equal(step[0, 1:], torch.ones(7, dtype=torch.int64))
+    assert torch.equal(runs, kv_block_runs(plan.kv_perm, 32, step))
+    assert int((runs[0, 7] < 0).sum()) > 0  # the 2D head's modality order crosses segment ends
+    found = dataclasses.replace(plan, kv_runs=None)
+    a, b = plan._launch_lists, found._launch_lists
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert torch.equal(a[2][0], b[2][0]) and torch.equal(a[2][1], b[2][1])
+    assert torch.equal(a[2][2], b[2][2])
+    out_a = plan.run(q, k, v, impl="reference")
+    out_b = found.run(q, k, v, impl="reference")
+    assert torch.equal(out_a.out, out_b.out)
+    # Without Grid heads the step is the int 1, which the kernel compiles in.
+    no_grid = plan_layer(q, k, HEADS[1:2] + HEADS[1:], lay, block=32)
+    assert no_grid.kv_runs[1] == 1
+    assert torch.equal(no_grid.kv_runs[0], kv_block_runs(no_grid.kv_perm, 32))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("block", [64, 128], ids=lambda b: f"block{b}")
 def test_layer_gpu_bf16_real_head_shape(block):

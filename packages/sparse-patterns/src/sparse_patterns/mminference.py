@@ -38,8 +38,10 @@ from .plan import (
     BlockPlan,
     ExactVerticalHeads,
     a_shape_lists,
+    best_block_runs,
     element_block_mask,
     grid_block_mask,
+    grid_block_runs,
     grid_lists,
     lists_from_chunks,
     lists_from_element_chunks,
@@ -305,7 +307,8 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
         idx, cnt = lists_from_chunks(fn, N, nb, nb, dev)
     else:
         idx, cnt = grid_lists(perm, offs, flags[1], flags[2], ctx.S, ctx.block)
-    return idx, cnt, perm, perm, {"stride": stride, "phase": phase}
+    runs = grid_block_runs(perm, offs, ctx.S, ctx.block)  # step = stride, from the line table
+    return idx, cnt, perm, perm, {"stride": stride, "phase": phase, "kv_runs": runs}
 
 
 def _plan_block_sparse(ctx: _Ctx, hs, cfgs) -> tuple:
@@ -654,6 +657,10 @@ def plan_layer(
     kv_perm = ident.expand(B, H, S).clone() if any_k else None
     stride = torch.full((B, H), -1, dtype=torch.int64, device=dev)
     phase = torch.full((B, H), -1, dtype=torch.int64, device=dev)
+    if any_k:  # which key blocks are runs (see BlockPlan.kv_runs): every one in identity orders
+        runs = (torch.arange(nb, device=dev, dtype=torch.int32) * block).expand(B, H, nb).clone()
+        run_step = torch.ones(B, H, dtype=torch.int64, device=dev)
+        step_one = True  # known on the host: no head has a grid step
     exact_vertical = []
     for hs, (i, c, qp, kp, meta) in results:
         for local, vv, ss in meta.get("exact_vertical", ()):
@@ -666,12 +673,20 @@ def plan_layer(
             q_perm[:, at] = qp.reshape(B, Hg, S).to(torch.int32)
         if kp is not None:
             kv_perm[:, at] = kp.reshape(B, Hg, S).to(torch.int32)
+            if "kv_runs" in meta:
+                r, st = meta["kv_runs"], meta["stride"]
+            else:
+                r, st = best_block_runs(kp, block, meta.get("stride"))
+            runs[:, at] = r.reshape(B, Hg, nb)
+            run_step[:, at] = st.reshape(B, Hg)
+            step_one &= "stride" not in meta
         if "stride" in meta:
             stride[:, at] = meta["stride"].reshape(B, Hg)
             phase[:, at] = meta["phase"].reshape(B, Hg)
     return BlockPlan(
         idx, cnt, q_perm, kv_perm, block, S, {"stride": stride, "phase": phase},
         tuple(exact_vertical), exact_lists=exact_vertical_lists or not exact_vertical,
+        kv_runs=(runs, 1 if step_one else run_step) if any_k else None,
     )  # fmt: skip
 
 

@@ -53,6 +53,10 @@ class BlockPlan:
     ``exact_lists``: False for an execution-only plan (``plan_layer(...,
     exact_vertical_lists=False)``), whose exact-vertical heads have empty block lists; its
     metrics (``computed_blocks``, ``density``, ``row_mask``) raise.
+    ``kv_runs``: ``(runs, step)`` when the planner knows which key blocks of ``kv_perm`` are
+    runs: ``runs`` int32 ``[B, H, NKB]`` equal to ``sparse_kernels.permuted.kv_block_runs(
+    kv_perm, block, step)`` and ``step`` int64 ``[B, H]``, or the int 1 for every head; None:
+    :meth:`run` finds them from ``kv_perm``.
     """
 
     kv_block_indices: torch.Tensor
@@ -64,6 +68,7 @@ class BlockPlan:
     meta: dict
     exact_vertical: tuple[ExactVerticalHeads, ...] = ()
     exact_lists: bool = True
+    kv_runs: tuple[torch.Tensor, torch.Tensor | int] | None = None
 
     def _need_lists(self, what: str) -> None:
         if not self.exact_lists:
@@ -172,11 +177,13 @@ class BlockPlan:
     def _launch_lists(self):
         """The lists :meth:`run` launches with, made on its first call: the exact-vertical heads'
         counts zeroed, and, when there is a key permutation, the listed blocks that are runs
-        moved to a run list, which the kernel loads without the permutation. A head's run step
-        is 1 (identity and modality orders: blocks that do not cross a segment end) or its grid
-        stride (Grid orders: blocks inside one grid line), whichever gives it more runs. Up to
-        five host reads, once per plan."""
-        from sparse_kernels.permuted import kv_block_runs, split_run_blocks
+        moved to a run list, which the kernel loads without the permutation. Both lists keep the
+        width of ``kv_block_indices``, so that no width is read back from the device; with
+        ``kv_runs`` from the planner the split reads nothing back at all. Without it, a head's
+        run step is 1 (identity and modality orders: blocks that do not cross a segment end) or
+        its grid stride (Grid orders: blocks inside one grid line), whichever gives it more
+        runs, and two host reads decide whether there are runs and whether every step is 1."""
+        from sparse_kernels.permuted import split_run_blocks
 
         counts = self.kv_block_counts
         if self.exact_vertical and self.exact_lists:
@@ -185,22 +192,26 @@ class BlockPlan:
                 counts[:, list(part.heads)] = 0
         if self.kv_perm is None:
             return self.kv_block_indices, counts, None
-        step = torch.ones(self.kv_perm.shape[:2], dtype=torch.int64, device=counts.device)
-        runs = kv_block_runs(self.kv_perm, self.block)
-        stride = self.meta.get("stride")
-        if stride is not None and bool((stride > 1).any()):
-            grid = torch.where(stride > 1, stride, 1).to(counts.device)
-            grid_runs = kv_block_runs(self.kv_perm, self.block, grid)
-            use_grid = (grid_runs >= 0).sum(-1) > (runs >= 0).sum(-1)
-            step = torch.where(use_grid, grid, step)
-            runs = torch.where(use_grid[..., None], grid_runs, runs)
-        if not bool((runs >= 0).any()):
-            return self.kv_block_indices, counts, None
+        if self.kv_runs is not None:
+            runs, step = self.kv_runs
+        else:
+            runs, step = self._find_runs()
+            if runs is None:
+                return self.kv_block_indices, counts, None
         idx, cnt, rs, rc = split_run_blocks(
-            self.kv_perm, self.kv_block_indices, counts, self.block, step=step, runs=runs
-        )
-        # Every step 1 (no Grid head with runs): an int, which the kernel compiles in.
-        return idx, cnt, (rs, rc, 1 if bool((step == 1).all()) else step)
+            self.kv_perm, self.kv_block_indices, counts, self.block, step=step, runs=runs,
+            width=self.kv_block_indices.shape[-1],
+        )  # fmt: skip
+        return idx, cnt, (rs, rc, step)
+
+    def _find_runs(self):
+        """``(runs, step)`` from ``kv_perm`` (see :meth:`_launch_lists`); ``(None, 1)`` when no
+        listed key block could be a run. Two host reads."""
+        runs, step = best_block_runs(self.kv_perm, self.block, self.meta.get("stride"))
+        has_runs, all_one = host_ints((runs >= 0).any(), (step == 1).all())
+        if not has_runs:
+            return None, 1
+        return runs, (1 if all_one else step)
 
     def run(self, q, k, v, *, scale: float | None = None, impl: str = "auto"):
         """Execute with ``sparse_kernels.permuted_block_sparse_attention`` (one launch), plus one
@@ -245,6 +256,25 @@ class BlockPlan:
             res.out[:, hs] = part_res.out
             res.lse[:, hs] = part_res.lse
         return res
+
+
+def best_block_runs(
+    kv_perm: torch.Tensor, blk: int, stride: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per head, the key blocks of ``kv_perm`` (int ``[..., S]``) that are runs of step 1, or of
+    step = the head's ``stride`` (int ``[...]``; heads with a stride > 1) when that step gives it
+    more runs. Returns ``(runs, step)``: int32 ``[..., NKB]`` as
+    ``sparse_kernels.permuted.kv_block_runs`` and int64 ``[...]``. No host reads."""
+    from sparse_kernels.permuted import kv_block_runs
+
+    runs = kv_block_runs(kv_perm, blk)
+    step = torch.ones(kv_perm.shape[:-1], dtype=torch.int64, device=kv_perm.device)
+    if stride is None:
+        return runs, step
+    grid = torch.where(stride > 1, stride, 1).to(kv_perm.device).expand(step.shape)
+    grid_runs = kv_block_runs(kv_perm, blk, grid)
+    use_grid = (grid_runs >= 0).sum(-1) > (runs >= 0).sum(-1)
+    return torch.where(use_grid[..., None], grid_runs, runs), torch.where(use_grid, grid, step)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,10 +589,7 @@ def grid_block_mask(
     dev = perm.device
     kmin, qmax = _block_min_max(perm, blk)  # [N, NKB], [N, NQB]
     offs = offsets.to(dev)
-    first_r = torch.arange(nkb, device=dev) * blk
-    last_r = torch.clamp(first_r + blk, max=S) - 1
-    c_lo = torch.searchsorted(offs, first_r.expand(offs.shape[0], -1).contiguous(), right=True) - 1
-    c_hi = torch.searchsorted(offs, last_r.expand(offs.shape[0], -1).contiguous(), right=True) - 1
+    c_lo, c_hi = _block_lines(offs, offs.shape[0], S, blk)
     s_lo = offs.gather(1, c_lo) // blk
     s_hi = (offs.gather(1, c_hi + 1) - 1) // blk
     v_hi = (offs[:, 1] - 1) // blk
@@ -647,6 +674,28 @@ def _block_min_max(perm: torch.Tensor, blk: int) -> tuple[torch.Tensor, torch.Te
     return lo.long(), hi.long()
 
 
+def _block_lines(offs: torch.Tensor, N: int, S: int, blk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``[N, NB]``: the grid line of the first and of the last permuted position of each
+    block (``offs``: the line table of ``grid_line_offsets``, on the blocks' device)."""
+    first = torch.arange(-(-S // blk), device=offs.device) * blk
+    last = torch.clamp(first + blk, max=S) - 1
+    c_lo = torch.searchsorted(offs, first.expand(N, -1).contiguous(), right=True) - 1
+    c_hi = torch.searchsorted(offs, last.expand(N, -1).contiguous(), right=True) - 1
+    return c_lo, c_hi
+
+
+def grid_block_runs(perm: torch.Tensor, offsets: torch.Tensor, S: int, blk: int) -> torch.Tensor:
+    """``sparse_kernels.permuted.kv_block_runs(perm, blk, stride)`` of grid orders, from their
+    line tables instead of a pass over ``perm``: a block is a run iff its first and last
+    positions lie on one line. A line is one residue class in ascending order, so its blocks step
+    by the stride; two lines are different classes, so no block that spans both is a progression
+    of that step, and the last block always ends its class. ``perm`` int ``[N, S]`` (grid orders),
+    ``offsets`` their ``grid_line_offsets``; returns int32 ``[N, ceil(S / blk)]``."""
+    c_lo, c_hi = _block_lines(offsets.to(perm.device), perm.shape[0], S, blk)
+    first = perm[:, ::blk].long()
+    return torch.where(c_lo == c_hi, first, -1).to(torch.int32)
+
+
 def grid_lists(
     perm: torch.Tensor,
     offsets: torch.Tensor,
@@ -664,10 +713,7 @@ def grid_lists(
     dev = perm.device
     kmin, qmax = _block_min_max(perm, blk)
     offs = offsets.to(dev)
-    first_r = torch.arange(nkb, device=dev) * blk
-    last_r = torch.clamp(first_r + blk, max=S) - 1
-    c_lo = torch.searchsorted(offs, first_r.expand(N, -1).contiguous(), right=True) - 1
-    c_hi = torch.searchsorted(offs, last_r.expand(N, -1).contiguous(), right=True) - 1
+    c_lo, c_hi = _block_lines(offs, N, S, blk)
     s_lo = offs.gather(1, c_lo) // blk  # [N, NQB]
     s_hi = (offs.gather(1, c_hi + 1) - 1) // blk
     v_hi = torch.where(use_vline, (offs[:, 1] - 1) // blk, -1)  # [N]

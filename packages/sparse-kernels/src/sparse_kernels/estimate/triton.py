@@ -31,6 +31,20 @@ def _prune_lines(configs_, named_args, **kwargs):
 
 
 @triton.jit
+def _group_major(H, GROUP):
+    """``(position, b, h, b * H + h)`` of this program. Axis 0 is (position, head of the KV
+    group) with the group's heads fastest, axis 1 is (batch row, KV head): the ``GROUP`` query
+    heads that read the same keys run next to each other and share them through L2 (with the
+    heads on an axis of their own, each query head re-read its keys from memory)."""
+    pid = tl.program_id(0)
+    bkv = tl.program_id(1)
+    H_KV = H // GROUP
+    b = bkv // H_KV
+    h = (bkv % H_KV) * GROUP + pid % GROUP
+    return pid // GROUP, b, h, b * H + h
+
+
+@triton.jit
 def _rows_and_keys(
     q_ptr,
     k_ptr,
@@ -88,10 +102,7 @@ def _lse_kernel(
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    c = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    c, b, h, bh = _group_major(H, GROUP)
     offs_l = tl.arange(0, BLOCK_L)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
@@ -207,10 +218,7 @@ def _lines_kernel(
     # ob - 1 (upper half): row l at offset ob * BO + u reads window key t = BO - 1 + l - u.
     # Walking ob upwards, each key block's probabilities are computed once and kept for the next
     # offset block; each program also owns the vertical sums of its key blocks.
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    pid, b, h, bh = _group_major(H, GROUP)
     offs_l = tl.arange(0, BLOCK_L)
     offs_d = tl.arange(0, BLOCK_D)
     offs_u = tl.arange(0, BO)
@@ -271,7 +279,8 @@ def line_scores_triton(
     n_chunks = triton.cdiv(n_keys, chunk)
     m = torch.empty(B * H, n_chunks, BLOCK_L, dtype=torch.float32, device=dev)
     lsum = torch.empty_like(m)
-    _lse_kernel[(n_chunks, B * H)](
+    G = H // H_KV
+    _lse_kernel[(n_chunks * G, B * H_KV)](
         q_rows, k, m, lsum,
         q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -295,10 +304,10 @@ def line_scores_triton(
     )  # fmt: skip
     meta = dict(D=D, BLOCK_D=BD, BLOCK_L=BLOCK_L, BO=BO, IEEE=ieee)
     if config is None:
-        grid = lambda m: (triton.cdiv(n_ob, m["OB_PER"]), B * H)  # noqa: E731
+        grid = lambda m: (triton.cdiv(n_ob, m["OB_PER"]) * G, B * H_KV)  # noqa: E731
         _lines_kernel[grid](*args, **meta)
     else:
-        grid = (triton.cdiv(n_ob, config.kwargs["OB_PER"]), B * H)
+        grid = (triton.cdiv(n_ob, config.kwargs["OB_PER"]) * G, B * H_KV)
         _lines_kernel.fn[grid](
             *args, **meta, **config.kwargs, num_warps=config.num_warps,
             num_stages=config.num_stages,

@@ -13,6 +13,7 @@ for path in sys.argv[1:]:
                 "useful_tflops",
                 "config",
                 "estimation_ms",
+                "plan_ms",
                 "estimation_over_kernel",
                 "attended_fraction",
             )

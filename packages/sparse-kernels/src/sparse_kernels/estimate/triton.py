@@ -7,9 +7,10 @@ log-sum-exp of each row.
 Pass 2 (``_lines_kernel``): one program per (run of ``OB_PER`` blocks of ``BO`` diagonal offsets,
 head). Offsets ``o0 .. o0 + BO`` of rows ``r_0 .. r_0 + L - 1`` (``BO = BLOCK_L``) touch two
 consecutive key blocks; walking the offsets upwards (the keys downwards), the program computes the
-probabilities of each key block once, writes its column sums (vertical sums) and reads the
-diagonals out of the current and the previous key block with gathers along the key axis (slash
-sums). Every key and every offset is written by exactly one program.
+probabilities of each key block once, writes its column sums (vertical sums) and gathers it
+once along the key axis: one triangle of the gathered tile sums to the key block's share of the
+current offset block, the other to its share of the next (slash sums). Every key and every offset
+is written by exactly one program.
 """
 
 from __future__ import annotations
@@ -215,9 +216,13 @@ def _lines_kernel(
     OB_PER: tl.constexpr,
 ):
     # Offset block ob (offsets ob * BO + u) reads key blocks ob (lower half of its window) and
-    # ob - 1 (upper half): row l at offset ob * BO + u reads window key t = BO - 1 + l - u.
-    # Walking ob upwards, each key block's probabilities are computed once and kept for the next
-    # offset block; each program also owns the vertical sums of its key blocks.
+    # ob - 1 (upper half): row l at offset ob * BO + u reads window key t = BO - 1 + l - u, that
+    # is key (BO - 1 + l - u) mod BO of block ob if l <= u, of block ob - 1 if l > u. So one
+    # gather per key block, at that index, gives both halves: its entries with l <= u sum to
+    # block ob's share of offset block ob, those with l > u to its share of offset block ob + 1.
+    # Walking ob upwards, each key block's probabilities are computed and gathered once; the
+    # program keeps the l > u sums for the next offset block and owns the vertical sums of its
+    # key blocks.
     pid, b, h, bh = _group_major(H, GROUP)
     offs_l = tl.arange(0, BLOCK_L)
     offs_d = tl.arange(0, BLOCK_D)
@@ -230,26 +235,29 @@ def _lines_kernel(
     r = row_start + offs_l
     out_v = vert_ptr + bh.to(tl.int64) * S
     out_s = slash_ptr + bh.to(tl.int64) * S
-    t = BO - 1 + offs_l[:, None] - offs_u[None, :]
-    t_lo = tl.minimum(t, BO - 1)
-    t_hi = tl.maximum(t - BO, 0)
+    lower = offs_l[:, None] <= offs_u[None, :]
+    t_mod = tl.where(
+        lower, BO - 1 + offs_l[:, None] - offs_u[None, :], offs_l[:, None] - offs_u[None, :] - 1
+    )
     ob0 = pid * OB_PER
-    p_prev, j = _prob_tile(
+    p, j = _prob_tile(
         q, kb, lse, r, offs_l, offs_u, offs_d, ob0 - 1, L, S, row_start, stride_k_s, qk_scale,
         D, BO, IEEE,
     )  # fmt: skip
-    tl.store(out_v + j, tl.sum(p_prev, 0), mask=(j >= 0) & (j < S) & ((offs_u * 0 + ob0) == 0))
+    tl.store(out_v + j, tl.sum(p, 0), mask=(j >= 0) & (j < S) & ((offs_u * 0 + ob0) == 0))
+    upper_prev = tl.sum(tl.where(lower, 0.0, tl.gather(p, t_mod, 1)), 0)
     for i in range(OB_PER):
         ob = ob0 + i
-        p_cur, j = _prob_tile(
+        p, j = _prob_tile(
             q, kb, lse, r, offs_l, offs_u, offs_d, ob, L, S, row_start, stride_k_s, qk_scale,
             D, BO, IEEE,
         )  # fmt: skip
-        tl.store(out_v + j, tl.sum(p_cur, 0), mask=(j >= 0) & (j < S) & ((offs_u * 0 + ob) < n_ob))
-        diag = tl.where(t < BO, tl.gather(p_cur, t_lo, 1), tl.gather(p_prev, t_hi, 1))
+        tl.store(out_v + j, tl.sum(p, 0), mask=(j >= 0) & (j < S) & ((offs_u * 0 + ob) < n_ob))
+        g = tl.gather(p, t_mod, 1)
         o = ob * BO + offs_u
-        tl.store(out_s + o, tl.sum(diag, 0), mask=(o < S) & ((offs_u * 0 + ob) < n_ob))
-        p_prev = p_cur
+        lower_sum = tl.sum(tl.where(lower, g, 0.0), 0)
+        tl.store(out_s + o, lower_sum + upper_prev, mask=(o < S) & ((offs_u * 0 + ob) < n_ob))
+        upper_prev = tl.sum(tl.where(lower, 0.0, g), 0)
 
 
 _BLOCK_N = 64

@@ -646,47 +646,58 @@ def plan_layer(
         else:  # pragma: no cover - HeadConfig validates the type
             raise NotImplementedError(f"pattern {ptype.__name__}")
         results.append((hs, res))
-    maxb = max(r[0].shape[-1] for _, r in results)
     dev = q.device
-    idx = torch.zeros(B, H, nb, maxb, dtype=torch.int32, device=dev)
-    cnt = torch.zeros(B, H, nb, dtype=torch.int32, device=dev)
-    any_q = any(r[2] is not None for _, r in results)
-    any_k = any(r[3] is not None for _, r in results)
+    maxb = max(r[0].shape[-1] for _, r in results)
     ident = torch.arange(S, device=dev, dtype=torch.int32)
-    q_perm = ident.expand(B, H, S).clone() if any_q else None
-    kv_perm = ident.expand(B, H, S).clone() if any_k else None
-    stride = torch.full((B, H), -1, dtype=torch.int64, device=dev)
-    phase = torch.full((B, H), -1, dtype=torch.int64, device=dev)
-    if any_k:  # which key blocks are runs (see BlockPlan.kv_runs): every one in identity orders
-        runs = (torch.arange(nb, device=dev, dtype=torch.int32) * block).expand(B, H, nb).clone()
-        run_step = torch.ones(B, H, dtype=torch.int64, device=dev)
-        step_one = True  # known on the host: no head has a grid step
+    parts: dict[str, list] = {k: [] for k in ("idx", "cnt", "q", "kv", "runs", "step", "st", "ph")}
+    step_one = True  # known on the host: no head has a grid step
     exact_vertical = []
     for hs, (i, c, qp, kp, meta) in results:
         for local, vv, ss in meta.get("exact_vertical", ()):
             exact_vertical.append(ExactVerticalHeads(tuple(hs[j] for j in local), vv, ss))
         Hg = len(hs)
-        at = heads_index(hs, dev)
-        idx[:, at, :, : i.shape[-1]] = i.reshape(B, Hg, nb, -1)
-        cnt[:, at] = c.reshape(B, Hg, nb)
+        parts["idx"].append((hs, i.reshape(B, Hg, nb, -1)))
+        parts["cnt"].append((hs, c.reshape(B, Hg, nb)))
         if qp is not None:
-            q_perm[:, at] = qp.reshape(B, Hg, S).to(torch.int32)
+            parts["q"].append((hs, qp.reshape(B, Hg, S)))
         if kp is not None:
-            kv_perm[:, at] = kp.reshape(B, Hg, S).to(torch.int32)
+            parts["kv"].append((hs, kp.reshape(B, Hg, S)))
             if "kv_runs" in meta:
                 r, st = meta["kv_runs"], meta["stride"]
             else:
                 r, st = best_block_runs(kp, block, meta.get("stride"))
-            runs[:, at] = r.reshape(B, Hg, nb)
-            run_step[:, at] = st.reshape(B, Hg)
+            parts["runs"].append((hs, r.reshape(B, Hg, nb)))
+            parts["step"].append((hs, st.reshape(B, Hg)))
             step_one &= "stride" not in meta
         if "stride" in meta:
-            stride[:, at] = meta["stride"].reshape(B, Hg)
-            phase[:, at] = meta["phase"].reshape(B, Hg)
+            parts["st"].append((hs, meta["stride"].reshape(B, Hg)))
+            parts["ph"].append((hs, meta["phase"].reshape(B, Hg)))
+
+    def merged(key: str, fill: torch.Tensor) -> torch.Tensor:
+        """Every group's ``[B, Hg, ...]`` tensors as one ``[B, H, ...]`` tensor of ``fill``'s
+        dtype: the group's own when one group holds every head (no copy), else ``fill``
+        (per-head shape) with each group's heads written in."""
+        got = parts[key]
+        if len(got) == 1 and len(got[0][0]) == H and got[0][1].shape[2:] == fill.shape:
+            return got[0][1].to(fill.dtype).contiguous()
+        out = fill.expand(B, H, *fill.shape).clone()
+        for hs, t in got:
+            out[(slice(None), heads_index(hs, dev), *(slice(0, n) for n in t.shape[2:]))] = t
+        return out
+
+    i32 = dict(dtype=torch.int32, device=dev)
+    minus_one = torch.full((), -1, dtype=torch.int64, device=dev)
+    kv_runs = None
+    if parts["kv"]:  # which key blocks are runs: every one in the identity order
+        runs = merged("runs", torch.arange(nb, **i32) * block)
+        one = torch.ones((), dtype=torch.int64, device=dev)
+        kv_runs = (runs, 1 if step_one else merged("step", one))
     return BlockPlan(
-        idx, cnt, q_perm, kv_perm, block, S, {"stride": stride, "phase": phase},
+        merged("idx", torch.zeros(nb, maxb, **i32)), merged("cnt", torch.zeros(nb, **i32)),
+        merged("q", ident) if parts["q"] else None, merged("kv", ident) if parts["kv"] else None,
+        block, S, {"stride": merged("st", minus_one), "phase": merged("ph", minus_one)},
         tuple(exact_vertical), exact_lists=exact_vertical_lists or not exact_vertical,
-        kv_runs=(runs, 1 if step_one else run_step) if any_k else None,
+        kv_runs=kv_runs,
     )  # fmt: skip
 
 

@@ -40,6 +40,7 @@ from .plan import (
     a_shape_lists,
     best_block_runs,
     element_block_mask,
+    grid_block_lines,
     grid_block_mask,
     grid_block_runs,
     grid_lists,
@@ -302,12 +303,13 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     flags = to_device(torch.tensor([[getattr(c.pattern, f) for c in cfgs] for f in names]), dev)
     flags = flags.repeat(1, ctx.B)  # [3, N], b-major like every per-head tensor here
     nb = -(-ctx.S // ctx.block)
+    lines = grid_block_lines(offs, N, ctx.S, ctx.block)
     if any(c.pattern.use_hline for c in cfgs):
         fn = grid_block_mask(perm, offs, *flags, ctx.S, ctx.block)
         idx, cnt = lists_from_chunks(fn, N, nb, nb, dev)
     else:
-        idx, cnt = grid_lists(perm, offs, flags[1], flags[2], ctx.S, ctx.block)
-    runs = grid_block_runs(perm, offs, ctx.S, ctx.block)  # step = stride, from the line table
+        idx, cnt = grid_lists(perm, offs, flags[1], flags[2], ctx.S, ctx.block, lines=lines)
+    runs = grid_block_runs(perm, offs, ctx.S, ctx.block, lines=lines)  # step = stride
     return idx, cnt, perm, perm, {"stride": stride, "phase": phase, "kv_runs": runs}
 
 

@@ -589,7 +589,7 @@ def grid_block_mask(
     dev = perm.device
     kmin, qmax = _block_min_max(perm, blk)  # [N, NKB], [N, NQB]
     offs = offsets.to(dev)
-    c_lo, c_hi = _block_lines(offs, offs.shape[0], S, blk)
+    c_lo, c_hi = grid_block_lines(offs, offs.shape[0], S, blk)
     s_lo = offs.gather(1, c_lo) // blk
     s_hi = (offs.gather(1, c_hi + 1) - 1) // blk
     v_hi = (offs[:, 1] - 1) // blk
@@ -674,7 +674,9 @@ def _block_min_max(perm: torch.Tensor, blk: int) -> tuple[torch.Tensor, torch.Te
     return lo.long(), hi.long()
 
 
-def _block_lines(offs: torch.Tensor, N: int, S: int, blk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def grid_block_lines(
+    offs: torch.Tensor, N: int, S: int, blk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """int64 ``[N, NB]``: the grid line of the first and of the last permuted position of each
     block (``offs``: the line table of ``grid_line_offsets``, on the blocks' device)."""
     first = torch.arange(-(-S // blk), device=offs.device) * blk
@@ -684,14 +686,19 @@ def _block_lines(offs: torch.Tensor, N: int, S: int, blk: int) -> tuple[torch.Te
     return c_lo, c_hi
 
 
-def grid_block_runs(perm: torch.Tensor, offsets: torch.Tensor, S: int, blk: int) -> torch.Tensor:
+def grid_block_runs(
+    perm: torch.Tensor, offsets: torch.Tensor, S: int, blk: int, *, lines=None
+) -> torch.Tensor:
     """``sparse_kernels.permuted.kv_block_runs(perm, blk, stride)`` of grid orders, from their
     line tables instead of a pass over ``perm``: a block is a run iff its first and last
     positions lie on one line. A line is one residue class in ascending order, so its blocks step
     by the stride; two lines are different classes, so no block that spans both is a progression
     of that step, and the last block always ends its class. ``perm`` int ``[N, S]`` (grid orders),
-    ``offsets`` their ``grid_line_offsets``; returns int32 ``[N, ceil(S / blk)]``."""
-    c_lo, c_hi = _block_lines(offsets.to(perm.device), perm.shape[0], S, blk)
+    ``offsets`` their ``grid_line_offsets`` (``lines``: ``grid_block_lines`` of them, if the caller
+    has it); returns int32 ``[N, ceil(S / blk)]``."""
+    if lines is None:
+        lines = grid_block_lines(offsets.to(perm.device), perm.shape[0], S, blk)
+    c_lo, c_hi = lines
     first = perm[:, ::blk].long()
     return torch.where(c_lo == c_hi, first, -1).to(torch.int32)
 
@@ -703,6 +710,8 @@ def grid_lists(
     use_slash: torch.Tensor,
     S: int,
     blk: int,
+    *,
+    lines: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fast path of :func:`grid_block_mask` for heads without horizontal lines: the same block
     lists, built from the three candidate ranges (vertical line 0, the query block's own lines,
@@ -713,7 +722,7 @@ def grid_lists(
     dev = perm.device
     kmin, qmax = _block_min_max(perm, blk)
     offs = offsets.to(dev)
-    c_lo, c_hi = _block_lines(offs, N, S, blk)
+    c_lo, c_hi = grid_block_lines(offs, N, S, blk) if lines is None else lines
     s_lo = offs.gather(1, c_lo) // blk  # [N, NQB]
     s_hi = (offs.gather(1, c_hi + 1) - 1) // blk
     v_hi = torch.where(use_vline, (offs[:, 1] - 1) // blk, -1)  # [N]

@@ -248,6 +248,19 @@ def _prefill(model, embeds, pos, chunk: int):
     return h[:, -1]
 
 
+def _profile(model, embeds, pos, chunk: int, out_dir: Path, name: str, method: str) -> None:
+    """One more prefill under torch.profiler (GPU activity): the kernels' total times, largest
+    first, to ``out_dir/profile-<length>-<method>.txt``."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _prefill(model, embeds, pos, chunk)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(
+        sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"profile-{name}-{method}.txt").write_text(table)
+
+
 def bench(
     lengths,
     methods,
@@ -259,6 +272,7 @@ def bench(
     warmup_tokens: int | None = None,
     single_pass: bool = False,
     tune_full_length: bool = False,
+    profile_dir: str | None = None,
 ) -> list[dict]:
     from sparse_kernels.benchmarking import env_info
 
@@ -304,6 +318,8 @@ def bench(
                     timer.on = False
                     for hk in hooks:
                         hk.remove()
+                    if profile_dir is not None:
+                        _profile(model, embeds, pos, chunk, Path(profile_dir), name, method)
                 except torch.OutOfMemoryError:
                     rows.append({"length": name, "tokens": S, "method": method, "error": "OOM"})
                     print(f"{name:>5s} {method:26s} out of memory", flush=True)
@@ -370,6 +386,12 @@ def main(argv=None) -> int:
         help="Vertical-Slash heads attend their columns exactly (MInference's kernel) instead of "
         "rounding them to key blocks",
     )
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="after each row, one more prefill under torch.profiler; kernel totals to DIR",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny shape on the CPU (dry run)")
     p.add_argument("--out", default="bench_ttft.json")
     a = p.parse_args(argv)
@@ -378,6 +400,8 @@ def main(argv=None) -> int:
         if m not in METHODS:
             p.error(f"--methods: expected some of {', '.join(METHODS)}, got {m!r}")
     if a.smoke:
+        if a.profile is not None:
+            p.error("--profile: records GPU kernels, expected no --smoke")
         lengths, dims, device = [("smoke-1K", 1024)], SMOKE, "cpu"
     else:
         if not torch.cuda.is_available():
@@ -393,7 +417,7 @@ def main(argv=None) -> int:
         )
     rows = bench(lengths, methods, device=device, dims=dims, repeat=a.repeat, chunk=a.mlp_chunk,
                  warmup_tokens=a.warmup_tokens, single_pass=a.single_pass,
-                 tune_full_length=a.tune_full_length)  # fmt: skip
+                 tune_full_length=a.tune_full_length, profile_dir=a.profile)  # fmt: skip
     out = Path(a.out)
     fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", suffix=".json")
     with os.fdopen(fd, "w") as f:

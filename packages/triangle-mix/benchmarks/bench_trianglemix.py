@@ -15,6 +15,13 @@
   per KV head (norm ``QK_BIAS_NORM``, added to the q and k projections by forward hooks, before
   RoPE), which RoPE turns into local attention, as real heads mostly are. The estimator finds
   the structure itself (no injected indices); the dense layers cost the same with or without it.
+- ``bs+trianglemix``: the shallow layers run the block-sparse dynamic pattern instead
+  (``sparse_patterns.BlockSparse``: mean-pooled 64-blocks of q and k, top ``BS_TOP_K`` key blocks
+  per query block, the first and the diagonal block always kept; ``plan_layer`` +
+  ``BlockPlan.run``). Its budget is fixed in blocks, so unlike Vertical-Slash its cost does not
+  depend on whether the weights give attention any structure. ``BS_TOP_K`` = 111 blocks is the
+  nominal key budget of the Vertical-Slash rows (1000 + 6096 keys per query row, / 64). What it
+  would cost in quality on a real 8B model is not measured here (random weights).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ transformers = pytest.importorskip("transformers")
 LENGTHS = {"32K": 32768, "64K": 65536, "128K": 131072}
 START = 16  # the paper's decline for Llama-3.1-8B is between layers 10 and 20
 QK_BIAS_NORM = 16.0
+BS_TOP_K = -(-(1000 + 6096) // 64)  # the Vertical-Slash rows' nominal keys per row, in blocks
 
 
 @functools.cache
@@ -83,6 +91,19 @@ def _vertical_slash_dynamic(clustered: bool = False):
     return dynamic
 
 
+def _block_sparse_dynamic():
+    from sparse_patterns import BlockSparse, HeadConfig, plan_layer
+
+    head = HeadConfig(BlockSparse(top_k=BS_TOP_K))
+
+    def dynamic(q, k, v, *, layer_idx, scale):
+        plan = plan_layer(q, k, head, None, block=64, scale=scale)
+        dynamic.last_plan = plan  # the plan of the last dynamic layer, read after timing
+        return plan.run(q, k, v, scale=scale).out
+
+    return dynamic
+
+
 def _local_qk_hooks(model) -> list:
     """Forward hooks adding one random direction of norm ``QK_BIAS_NORM`` per KV head to that
     head's keys and to the queries of its group (every layer its own directions, seeded)."""
@@ -104,7 +125,14 @@ def _local_qk_hooks(model) -> list:
 
 @pytest.mark.parametrize(
     "method",
-    ["dense", "trianglemix", "vs+trianglemix", "vs-clustered+trianglemix", "vs-local+trianglemix"],
+    [
+        "dense",
+        "trianglemix",
+        "vs+trianglemix",
+        "vs-clustered+trianglemix",
+        "vs-local+trianglemix",
+        "bs+trianglemix",
+    ],
 )
 @pytest.mark.parametrize("length", list(LENGTHS))
 def test_prefill_ttft(benchmark, length, method):
@@ -115,7 +143,7 @@ def test_prefill_ttft(benchmark, length, method):
     ids = torch.randint(
         0, 128256, (1, S), device="cuda", generator=torch.Generator("cuda").manual_seed(S)
     )
-    handle = slash_info = None
+    handle = slash_info = bs_info = None
     hooks = _local_qk_hooks(model) if method == "vs-local+trianglemix" else []
     if method == "trianglemix":
         handle = apply_triangle_mix(model, LayerPolicy.triangle_from(32, START))
@@ -124,6 +152,10 @@ def test_prefill_ttft(benchmark, length, method):
         dynamic = _vertical_slash_dynamic(clustered=method.startswith("vs-clustered"))
         handle = apply_triangle_mix(model, policy, dynamic=dynamic)
         slash_info = dynamic
+    elif method == "bs+trianglemix":
+        policy = LayerPolicy.triangle_from(32, START, shallow="dynamic")
+        bs_info = _block_sparse_dynamic()
+        handle = apply_triangle_mix(model, policy, dynamic=bs_info)
     try:
         logits = _prefill(model, ids)
         assert torch.isfinite(logits).all()
@@ -139,6 +171,11 @@ def test_prefill_ttft(benchmark, length, method):
         method=method, tokens=S, start_layer=START, median_s=benchmark.stats.stats.median,
         peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
     )  # fmt: skip
+    if bs_info is not None:  # the block density the plan of layer START - 1 ran
+        benchmark.extra_info.update(
+            block_sparse_top_k=BS_TOP_K,
+            block_density_last_dynamic_layer=bs_info.last_plan.density(),
+        )
     if slash_info is not None:  # where the estimator put the slashes (layer START - 1)
         off = slash_info.last_slash.float()
         benchmark.extra_info.update(

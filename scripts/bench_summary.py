@@ -14,6 +14,8 @@ for path in sys.argv[1:]:
                 "config",
                 "estimation_ms",
                 "plan_ms",
+                "run_fraction",
+                "segments",
                 "estimation_over_kernel",
                 "attended_fraction",
             )

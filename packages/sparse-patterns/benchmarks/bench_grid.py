@@ -283,22 +283,31 @@ def test_grid_vs_vertical_slash(benchmark, shape):
 
 
 @functools.cache
-def _mm_niah_layout(S: int) -> TokenLayout:
-    """25% text interleaved with video: (text 1024, video 3072) repeated, text at the end."""
+def _mm_niah_layout(S: int, aligned: bool = True) -> TokenLayout:
+    """25% text interleaved with video: (text 1024, video 3072) repeated, text at the end.
+    ``aligned=False``: text 1000, video 3096, so that no segment end falls on a block edge (the
+    blocks that cross one are not runs and stay gathered)."""
     period = 4096 if not SMOKE else 512
+    text = period // 4 - (0 if aligned else 24)
     mod = torch.full((S,), 2, dtype=torch.int64)
     pos = torch.arange(S)
-    mod[(pos % period) < period // 4] = 0
+    mod[(pos % period) < text] = 0
     mod[-min(512, S // 8) :] = 0
     return TokenLayout(mod.to(DEV), tokens_per_frame=TPF)
 
 
 @functools.cache
-def _boundary_plan(boundary: str):
+def _boundary_plan(boundary: str, aligned: bool = True):
     q, k, _ = _video_qkv(BOUNDARY_S)
     b = QBoundary() if boundary == "q" else TwoDBoundary(cross_vertical=1024)
     hc = HeadConfig(VerticalSlash(n_vertical=1000, n_slash=2048), b)
-    return plan_layer(q, k, [hc] * H, _mm_niah_layout(BOUNDARY_S), block=BLOCK)
+    return plan_layer(q, k, [hc] * H, _mm_niah_layout(BOUNDARY_S, aligned), block=BLOCK)
+
+
+def _run_fraction(plan) -> float:
+    """Share of the listed key blocks that run() takes from its run list."""
+    runs = plan._launch_lists[2]
+    return 0.0 if runs is None else float(runs[1].sum() / plan.kv_block_counts.sum())
 
 
 def _same_lists(q, k, v, plan, q_perm=None, kv_perm=None):
@@ -313,18 +322,22 @@ def _same_lists(q, k, v, plan, q_perm=None, kv_perm=None):
 
 @pytest.mark.parametrize("provider", ["permuted", "same-lists-unpermuted"])
 @pytest.mark.parametrize("boundary", ["q", "2d"])
-def test_boundary_overhead(benchmark, boundary, provider):
+@pytest.mark.parametrize("segments", ["aligned", "unaligned"])
+def test_boundary_overhead(benchmark, segments, boundary, provider):
+    """``segments``: segment ends on block edges, or none of them (``_mm_niah_layout``)."""
     S = BOUNDARY_S
     q, k, v = _video_qkv(S)
-    plan = _boundary_plan(boundary)
+    plan = _boundary_plan(boundary, segments == "aligned")
+    extra = {}
     if provider == "permuted":
         out = plan.run(q, k, v)
         _check_rows(q, k, v, plan, out.out)
         fn = lambda: plan.run(q, k, v)  # noqa: E731
+        extra["run_fraction"] = _run_fraction(plan)
     else:
         fn = _same_lists(q, k, v, plan)
     _run(benchmark, fn, 10)
-    _record_plan(benchmark, plan, S, boundary=boundary)
+    _record_plan(benchmark, plan, S, boundary=boundary, segments=segments, **extra)
 
 
 @pytest.mark.parametrize("variant", ["unpermuted", "q-perm", "q+kv-perm-gather", "q+kv-perm-runs"])
@@ -340,9 +353,8 @@ def test_boundary_gather_cost(benchmark, variant):
     extra = {}
     if variant == "q+kv-perm-runs":
         fn = lambda: plan.run(q, k, v)  # noqa: E731
-        _, _, runs = plan._launch_lists  # (starts, counts, step)
         extra = dict(
-            run_fraction=float(runs[1].sum() / plan.kv_block_counts.sum()),
+            run_fraction=_run_fraction(plan),
             # What run() pays once per plan: the split, on a copy without the cached lists.
             split_ms=_time_ms(lambda: dataclasses.replace(plan)._launch_lists),
         )

@@ -156,21 +156,37 @@ def _prob_tile(
     D: tl.constexpr,
     BO: tl.constexpr,
     IEEE: tl.constexpr,
+    BLOCK_L: tl.constexpr,
 ):
     """Probabilities ``[BLOCK_L, BO]`` of the rows against key block ``b`` (keys
     ``row_start + 1 - (b + 1) * BO + u``; block -1 holds the keys right after ``row_start``)."""
     j = row_start + 1 - (b + 1) * BO + offs_u
-    kt = tl.load(
-        kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
-        mask=(j[None, :] >= 0) & (j[None, :] < S) & (offs_d[:, None] < D),
-        other=0.0,
-    )
-    if IEEE:
-        s = tl.dot(q, kt, input_precision="ieee")
+    # A block at or below the first row whose keys are all >= 0, with every row present, needs no
+    # mask: its keys exist and precede every row.
+    if (b >= 0) & (row_start + 1 - (b + 1) * BO >= 0) & (L == BLOCK_L):
+        kt = tl.load(
+            kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
+            mask=offs_d[:, None] < D,
+            other=0.0,
+        )
+        if IEEE:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        p = tl.exp2(s * qk_scale - lse[:, None])
     else:
-        s = tl.dot(q, kt)
-    ok = (j[None, :] >= 0) & (j[None, :] <= r[:, None]) & (offs_l[:, None] < L)
-    return tl.where(ok, tl.exp2(s * qk_scale - lse[:, None]), 0.0), j
+        kt = tl.load(
+            kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
+            mask=(j[None, :] >= 0) & (j[None, :] < S) & (offs_d[:, None] < D),
+            other=0.0,
+        )
+        if IEEE:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        ok = (j[None, :] >= 0) & (j[None, :] <= r[:, None]) & (offs_l[:, None] < L)
+        p = tl.where(ok, tl.exp2(s * qk_scale - lse[:, None]), 0.0)
+    return p, j
 
 
 @triton.autotune(
@@ -181,6 +197,8 @@ def _prob_tile(
             dict(OB_PER=16, num_warps=4, num_stages=3),
             dict(OB_PER=16, num_warps=8, num_stages=3),
             dict(OB_PER=64, num_warps=4, num_stages=3),
+            dict(OB_PER=16, num_warps=2, num_stages=3),
+            dict(OB_PER=64, num_warps=2, num_stages=3),
         ],
         dict(OB_PER=2),
     ),
@@ -242,7 +260,7 @@ def _lines_kernel(
     ob0 = pid * OB_PER
     p, j = _prob_tile(
         q, kb, lse, r, offs_l, offs_u, offs_d, ob0 - 1, L, S, row_start, stride_k_s, qk_scale,
-        D, BO, IEEE,
+        D, BO, IEEE, BLOCK_L,
     )  # fmt: skip
     tl.store(out_v + j, tl.sum(p, 0), mask=(j >= 0) & (j < S) & ((offs_u * 0 + ob0) == 0))
     upper_prev = tl.sum(tl.where(lower, 0.0, tl.gather(p, t_mod, 1)), 0)
@@ -250,7 +268,7 @@ def _lines_kernel(
         ob = ob0 + i
         p, j = _prob_tile(
             q, kb, lse, r, offs_l, offs_u, offs_d, ob, L, S, row_start, stride_k_s, qk_scale,
-            D, BO, IEEE,
+            D, BO, IEEE, BLOCK_L,
         )  # fmt: skip
         tl.store(out_v + j, tl.sum(p, 0), mask=(j >= 0) & (j < S) & ((offs_u * 0 + ob) < n_ob))
         g = tl.gather(p, t_mod, 1)

@@ -118,6 +118,8 @@ def _lse_kernel(
     hi = tl.minimum(lo + chunk, tl.minimum(S, row_start + L))
     for j0 in range(lo, hi, BLOCK_N):
         j = j0 + offs_n
+        # A tile inside the chunk whose keys all precede the first row needs no causal mask.
+        inside = (j0 + BLOCK_N <= hi) & (j0 + BLOCK_N - 1 <= row_start)
         kt = tl.load(
             kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
             mask=(j[None, :] < hi) & (offs_d[:, None] < D),
@@ -128,7 +130,8 @@ def _lse_kernel(
         else:
             s = tl.dot(q, kt)
         s = s * qk_scale
-        s = tl.where((j[None, :] <= r[:, None]) & (j[None, :] < hi), s, float("-inf"))
+        if not inside:
+            s = tl.where((j[None, :] <= r[:, None]) & (j[None, :] < hi), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(s - m_safe[:, None]), 1)
@@ -136,6 +139,27 @@ def _lse_kernel(
     out = bh * n_chunks * BLOCK_L + c * BLOCK_L + offs_l
     tl.store(m_ptr + out, m_i)
     tl.store(l_ptr + out, l_i)
+
+
+@triton.jit
+def _lse_merge_kernel(
+    m_ptr, l_ptr, lse_ptr, n_chunks, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr
+):
+    """One program per (batch row, head): the partial maxima and sums of pass 1's key chunks
+    merged into each row's log-sum-exp (base 2). A row with no key at all (every partial max
+    -inf) gets -inf."""
+    bh = tl.program_id(0)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_l = tl.arange(0, BLOCK_L)
+    at = bh * n_chunks * BLOCK_L + offs_c[:, None] * BLOCK_L + offs_l[None, :]
+    ok = offs_c[:, None] < n_chunks
+    m = tl.load(m_ptr + at, mask=ok, other=float("-inf"))
+    lsum = tl.load(l_ptr + at, mask=ok, other=0.0)
+    mx = tl.max(m, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    tl.store(
+        lse_ptr + bh * BLOCK_L + offs_l, mx + tl.log2(tl.sum(lsum * tl.exp2(m - mx[None, :]), 0))
+    )
 
 
 @triton.jit
@@ -314,9 +338,10 @@ def line_scores_triton(
         D=D, BLOCK_D=BD, BLOCK_L=BLOCK_L, BLOCK_N=_BLOCK_N, IEEE=ieee,
         num_warps=4, num_stages=1 if on_interpreter() else 3,
     )  # fmt: skip
-    mx = m.amax(dim=1)
-    mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
-    lse = (mx + torch.log2((lsum * torch.exp2(m - mx[:, None])).sum(dim=1))).contiguous()
+    lse = torch.empty(B * H, BLOCK_L, dtype=torch.float32, device=dev)
+    _lse_merge_kernel[(B * H,)](
+        m, lsum, lse, n_chunks, BLOCK_L=BLOCK_L, BLOCK_C=triton.next_power_of_2(n_chunks)
+    )
     vert = torch.zeros(B * H, S, dtype=torch.float32, device=dev)
     slash = torch.zeros(B * H, S, dtype=torch.float32, device=dev)
     # Offset blocks as wide as the row block: the window of one offset block is two key blocks.

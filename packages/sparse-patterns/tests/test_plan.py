@@ -356,17 +356,45 @@ def test_grid_fast_lists_equal_the_block_mask_path(S, stride, phase, vline, slas
     )
     i2, c2 = grid_lists(perm, offs, f(vline), f(slash), S, blk)
     assert torch.equal(c1, c2)
+    w = int(c1.max())
     valid = torch.arange(i1.shape[-1]) < c1[..., None]
-    s1 = torch.sort(torch.where(valid, i1, 1 << 20), -1).values[..., : i2.shape[-1]]
+    s1 = torch.sort(torch.where(valid, i1, 1 << 20), -1).values[..., :w]
     valid2 = torch.arange(i2.shape[-1]) < c2[..., None]
-    s2 = torch.sort(torch.where(valid2, i2, 1 << 20), -1).values
+    s2 = torch.sort(torch.where(valid2, i2, 1 << 20), -1).values[..., :w]
     assert torch.equal(s1, s2)
+    assert bool((i2[valid2.logical_not()] == 0).all())  # zeros past each count
     # The planner's line table is as wide as its stride space (no read-back): same lists.
     wide = grid_line_offsets(S, st, ph, max_stride=stride + 9)
     i3, c3 = grid_lists(perm, wide, f(vline), f(slash), S, blk)
     assert torch.equal(i3, i2) and torch.equal(c3, c2)
     fn = grid_block_mask(perm, wide, f(False), f(vline), f(slash), S, blk)
     assert torch.equal(lists_from_chunks(fn, 2, nb, nb, "cpu")[0], i1)
+    # The one-kernel path: the same tensors, entry for entry.
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    d = lambda x: x.to(dev)  # noqa: E731
+    i4, c4 = grid_lists(d(perm), d(offs), d(f(vline)), d(f(slash)), S, blk, impl="triton")
+    assert torch.equal(i4.cpu(), i2) and torch.equal(c4.cpu(), c2)
+
+
+def test_grid_lists_rows_wider_than_the_kernel_takes(monkeypatch):
+    """impl='triton' raises for candidate rows wider than the kernel's tile; 'auto' takes the
+    torch path for them (same lists)."""
+    from sparse_kernels import grid_permutation
+    from sparse_kernels.permuted import grid_triton
+    from sparse_kernels.permuted.perms import grid_line_offsets
+    from sparse_patterns.plan import grid_lists
+
+    S, blk = 300, 16
+    st, ph = torch.tensor([12]), torch.tensor([5])
+    perm, _ = grid_permutation(S, st, ph)
+    offs = grid_line_offsets(S, st, ph)
+    t = torch.tensor([True])
+    ref = grid_lists(perm, offs, t, t, S, blk, impl="reference")
+    monkeypatch.setattr(grid_triton, "GRID_LISTS_MAX_WIDTH", 4)
+    with pytest.raises(NotImplementedError, match="rows of up to 4 candidate blocks"):
+        grid_lists(perm, offs, t, t, S, blk, impl="triton")
+    got = grid_lists(perm, offs, t, t, S, blk, impl="auto")
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,9 @@
 :class:`~sparse_patterns.testing.SyncRecorder`, counted on CUDA by the sync debug mode.
 
 The only reads left are ``sparse_kernels.permuted.perms.host_ints``: the widths of block lists,
-sizes of outputs that depend on the data (a Grid layer without horizontal lines reads two: the
-candidate widths and the longest list; block-mask planners one per chunk of query blocks)."""
+sizes of outputs that depend on the data (a Grid layer without horizontal lines reads one: the
+widths of its candidate ranges, which are also its lists' width; block-mask planners one per chunk
+of query blocks)."""
 
 import warnings
 
@@ -33,13 +34,13 @@ def _syncs(fn) -> tuple[list, list]:
 @pytest.mark.parametrize(
     "heads, tpf, n_reads",
     [
-        pytest.param([GRID] * 4, 16, 2, id="grid-searched-tpf16"),
-        pytest.param([GRID] * 4, None, 2, id="grid-searched-no-layout"),
-        pytest.param([Grid(stride=7)] * 4, None, 2, id="grid-fixed-stride"),
+        pytest.param([GRID] * 4, 16, 1, id="grid-searched-tpf16"),
+        pytest.param([GRID] * 4, None, 1, id="grid-searched-no-layout"),
+        pytest.param([Grid(stride=7)] * 4, None, 1, id="grid-fixed-stride"),
         pytest.param(
             [Grid(stride=5), GRID, Grid(max_stride=12, use_vline=False), Grid(use_slash=False)],
             16,
-            2,
+            1,
             id="grid-mixed-stride-spaces",
         ),
         pytest.param([Grid(use_hline=True)] * 4, 16, 1, id="grid-hline-one-chunk"),
@@ -48,7 +49,7 @@ def _syncs(fn) -> tuple[list, list]:
         pytest.param(
             [GRID, VerticalSlash(n_vertical=40, n_slash=60), GRID, AShape()],
             16,
-            4,
+            3,
             id="grid-vs-ashape-mixed-heads",
         ),
     ],
@@ -107,7 +108,7 @@ def test_sync_recorder_sees_each_kind_of_sync():
 @pytest.mark.parametrize(
     "heads, n_reads",
     [
-        pytest.param([GRID] * 4, 2, id="grid"),
+        pytest.param([GRID] * 4, 1, id="grid"),
         pytest.param([VerticalSlash(n_vertical=40, n_slash=60)] * 4, 1, id="vs"),
         pytest.param([AShape(sink=16, window=64)] * 4, 1, id="ashape"),
     ],

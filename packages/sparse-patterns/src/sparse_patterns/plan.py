@@ -712,11 +712,19 @@ def grid_lists(
     blk: int,
     *,
     lines: tuple[torch.Tensor, torch.Tensor] | None = None,
+    impl: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fast path of :func:`grid_block_mask` for heads without horizontal lines: the same block
     lists, built from the three candidate ranges (vertical line 0, the query block's own lines,
     the diagonal block) instead of an ``NQB x NKB`` mask, so its cost is
-    ``O(NQB * (line blocks))``, not ``O(NQB * NKB)``."""
+    ``O(NQB * (line blocks))``, not ``O(NQB * NKB)``. The lists are as wide as the candidate
+    ranges (one host read, of the ranges' widths). ``impl``: ``"triton"`` (one kernel for the
+    candidates and their compaction; rows of up to ``GRID_LISTS_MAX_WIDTH`` candidates),
+    ``"reference"`` (torch), ``"auto"`` (triton on CUDA where the rows fit, else torch; the
+    same lists either way)."""
+    from sparse_kernels._validate import resolve_impl
+    from sparse_kernels.permuted.grid_triton import GRID_LISTS_MAX_WIDTH, _launch_grid_lists
+
     N = perm.shape[0]
     nkb = -(-S // blk)
     dev = perm.device
@@ -729,6 +737,16 @@ def grid_lists(
     s_hi = torch.where(use_slash[:, None], s_hi, s_lo - 1)
     # Candidate widths: sizes that depend on the data, read back in one go.
     wv, ws = host_ints(v_hi.max() + 1, (s_hi - s_lo + 1).max().clamp_min(0))
+    which = resolve_impl(impl, dev, "grid_lists")
+    if which == "triton" and wv + ws + 1 > GRID_LISTS_MAX_WIDTH:
+        if impl == "triton":
+            raise NotImplementedError(
+                f"grid_lists: impl='triton' takes rows of up to {GRID_LISTS_MAX_WIDTH} candidate "
+                f"blocks, got {wv + ws + 1}; use impl='reference' or 'auto'"
+            )
+        which = "reference"
+    if which == "triton":
+        return _launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nkb)
     m = torch.arange(nkb, device=dev)[None, :, None]
     cand_v = torch.arange(wv, device=dev)[None, None, :].expand(N, nkb, wv)
     ok_v = cand_v <= v_hi[:, None, None]
@@ -742,5 +760,5 @@ def grid_lists(
     cand = torch.cat([cand_v, cand_s, cand_d], -1).clamp(max=nkb - 1)
     ok = torch.cat([ok_v, ok_s, ok_d], -1)
     ok &= kmin.gather(1, cand.reshape(N, -1)).reshape(cand.shape) <= qmax[..., None]
-    idx, cnt = compact_by_mask(ok, cand)  # kept candidates, in candidate order
+    idx, cnt = compact_by_mask(ok, cand, width=wv + ws + 1)  # kept ones, in candidate order
     return idx.contiguous(), cnt

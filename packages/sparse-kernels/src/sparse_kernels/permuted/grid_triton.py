@@ -65,3 +65,69 @@ def _launch_grid_permutation_fwd(
         st, ph, perm, inv, S, BLOCK=_BLOCK, STEPS=steps
     )
     return perm, inv
+
+
+@triton.jit
+def _grid_lists_kernel(
+    v_hi_ptr,
+    s_lo_ptr,
+    s_hi_ptr,
+    kmin_ptr,
+    qmax_ptr,
+    idx_ptr,
+    cnt_ptr,
+    nqb,
+    nkb,
+    WV,
+    WS,
+    BLOCK_R: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    # Candidates of query block m, in order: key blocks 0 .. WV - 1 (vertical line 0, kept up to
+    # v_hi), s_lo[m] .. s_lo[m] + WS - 1 (the block's own lines, kept up to s_hi[m] and above
+    # v_hi), then m itself (kept unless already listed); each kept only if its smallest original
+    # key is <= the query block's largest original row. Kept ones are written at their ranks.
+    n = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    live = rows < nqb
+    c = tl.arange(0, BLOCK_W)[None, :]
+    vh = tl.load(v_hi_ptr + n)
+    at = n.to(tl.int64) * nqb + rows
+    slo = tl.load(s_lo_ptr + at, mask=live, other=0)[:, None]
+    shi = tl.load(s_hi_ptr + at, mask=live, other=-1)[:, None]
+    qm = tl.load(qmax_ptr + at, mask=live, other=-1)[:, None]
+    m = rows[:, None]
+    is_v = c < WV
+    is_s = (c >= WV) & (c < WV + WS)
+    cand = tl.where(is_v, c, tl.where(is_s, slo + (c - WV), m))
+    ok_d = ~((cand <= vh) | ((cand >= slo) & (cand <= shi)))
+    ok = tl.where(is_v, c <= vh, tl.where(is_s, (cand <= shi) & (cand > vh), ok_d))
+    ok = ok & (c <= WV + WS) & live[:, None]
+    cand = tl.minimum(cand, nkb - 1)
+    km = tl.load(kmin_ptr + n.to(tl.int64) * nkb + cand, mask=ok, other=0)
+    ok = ok & (km <= qm)
+    keep = ok.to(tl.int32)
+    pos = tl.cumsum(keep, 1) - 1
+    W = WV + WS + 1
+    tl.store(idx_ptr + at[:, None] * W + pos, cand.to(tl.int32), mask=ok)
+    tl.store(cnt_ptr + at, tl.sum(keep, 1), mask=live)
+
+
+# Widest candidate row the kernel takes in one tile; wider rows go through the torch path.
+GRID_LISTS_MAX_WIDTH = 8192
+
+
+def _launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, wv: int, ws: int, nkb: int):
+    """``(idx [N, NQB, wv + ws + 1], cnt [N, NQB])`` int32 (see ``_grid_lists_kernel``); inputs
+    int64: ``v_hi [N]``, ``s_lo``/``s_hi``/``qmax [N, NQB]``, ``kmin [N, NKB]``."""
+    N, nqb = s_lo.shape
+    W = wv + ws + 1
+    block_w = triton.next_power_of_2(W)
+    block_r = max(1, 4096 // block_w)
+    idx = torch.zeros(N, nqb, W, dtype=torch.int32, device=s_lo.device)
+    cnt = torch.empty(N, nqb, dtype=torch.int32, device=s_lo.device)
+    _grid_lists_kernel[(triton.cdiv(nqb, block_r), N)](
+        v_hi.contiguous(), s_lo.contiguous(), s_hi.contiguous(), kmin.contiguous(),
+        qmax.contiguous(), idx, cnt, nqb, nkb, wv, ws, BLOCK_R=block_r, BLOCK_W=block_w,
+    )  # fmt: skip
+    return idx, cnt

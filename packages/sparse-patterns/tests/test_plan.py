@@ -385,10 +385,11 @@ def test_grid_lists_rows_wider_than_the_kernel_takes(monkeypatch):
     from sparse_patterns.plan import grid_lists
 
     S, blk = 300, 16
-    st, ph = torch.tensor([12]), torch.tensor([5])
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    st, ph = torch.tensor([12], device=dev), torch.tensor([5], device=dev)
     perm, _ = grid_permutation(S, st, ph)
     offs = grid_line_offsets(S, st, ph)
-    t = torch.tensor([True])
+    t = torch.tensor([True], device=dev)
     ref = grid_lists(perm, offs, t, t, S, blk, impl="reference")
     monkeypatch.setattr(grid_triton, "GRID_LISTS_MAX_WIDTH", 4)
     with pytest.raises(NotImplementedError, match="rows of up to 4 candidate blocks"):

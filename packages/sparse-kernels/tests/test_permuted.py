@@ -519,6 +519,16 @@ def test_split_run_blocks_attends_the_same(perm, full):
     )
     split = dict(kw, kv_block_indices=idx, kv_block_counts=cnt, kv_run_starts=rs, kv_run_counts=rc)
     split["kv_run_step"] = step
+    # With a width given, the one-kernel split equals the torch one entry for entry.
+    runs = kv_block_runs(kv_perm, blk, step)
+    W = kw["kv_block_indices"].shape[-1]
+    for width in (W, W + 3):
+        args = (kv_perm, kw["kv_block_indices"], kw["kv_block_counts"], blk)
+        ref = split_run_blocks(*args, runs=runs, width=width, impl="reference")
+        got = split_run_blocks(*args, runs=runs, width=width, impl="triton")
+        assert all(torch.equal(a, b) for a, b in zip(got, ref)), width
+    with pytest.raises(NotImplementedError, match="needs an output width"):
+        split_run_blocks(*args, runs=runs, impl="triton")
     assert int(cnt.sum() + rc.sum()) == int(kw["kv_block_counts"].sum())
     assert int(rc.sum()) > 0
     if perm == "identity-perm":

@@ -202,9 +202,9 @@ def test_grid_vs_dense(benchmark, shape, provider):
         lay = _layout(S)
         # Estimation = what a layer pays before its kernel: the plan and the run split that
         # run() makes once per plan (BlockPlan._launch_lists); plan_ms is the plan alone.
-        plan_ms = _time_ms(lambda: plan_layer(q, k, [GRID] * H, lay, block=BLOCK), warmup=1, rep=3)
+        plan_ms = _time_ms(lambda: plan_layer(q, k, [GRID] * H, lay, block=BLOCK), warmup=2, rep=10)
         est_ms = _time_ms(
-            lambda: plan_layer(q, k, [GRID] * H, lay, block=BLOCK)._launch_lists, warmup=1, rep=3
+            lambda: plan_layer(q, k, [GRID] * H, lay, block=BLOCK)._launch_lists, warmup=2, rep=10
         )
         plan = _grid_plan(S)
         phases = (torch.arange(H, device=DEV) // (H // H_KV) * 37) % TPF

@@ -322,6 +322,7 @@ def split_run_blocks(
     step: int | torch.Tensor = 1,
     runs: torch.Tensor | None = None,
     width: int | None = None,
+    impl: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Move the listed key blocks that are runs (:func:`kv_block_runs`) to a run list.
 
@@ -335,6 +336,9 @@ def split_run_blocks(
             then not recomputed; ``kv_perm`` and ``step`` are not read).
         width: width of both outputs (each must hold its largest count); None reads the largest
             counts back from the device.
+        impl: ``"triton"`` (one kernel; needs ``width`` and lists of up to
+            ``SPLIT_RUNS_MAX_WIDTH`` entries), ``"reference"`` (torch), ``"auto"`` (triton on CUDA
+            when those hold, else torch; the same result either way).
     Returns:
         ``(kv_block_indices, kv_block_counts, kv_run_starts, kv_run_counts)`` for
         :func:`~sparse_kernels.permuted_block_sparse_attention`: the blocks that are not runs,
@@ -348,6 +352,20 @@ def split_run_blocks(
     idx = kv_block_indices.expand(*lead, *kv_block_indices.shape[2:])
     cnt = kv_block_counts.expand(*lead, kv_block_counts.shape[-1])
     W = idx.shape[-1]
+    from .grid_triton import SPLIT_RUNS_MAX_WIDTH, _launch_split_runs
+
+    which = resolve_impl(impl, idx.device, "split_run_blocks")
+    fits = width is not None and W <= SPLIT_RUNS_MAX_WIDTH
+    if which == "triton" and not fits:
+        if impl == "triton":
+            raise NotImplementedError(
+                f"split_run_blocks: impl='triton' needs an output width and lists of up to "
+                f"{SPLIT_RUNS_MAX_WIDTH} entries, got width={width}, list width {W}; use "
+                f"impl='reference' or 'auto'"
+            )
+        which = "reference"
+    if which == "triton":
+        return _launch_split_runs(idx, cnt, runs.expand(*lead, nkb), width)
     valid = torch.arange(W, device=idx.device) < cnt[..., None].long()
     flat = idx.long().clamp(0, nkb - 1).reshape(*lead, -1)
     start = runs.expand(*lead, nkb).gather(-1, flat).reshape(idx.shape)

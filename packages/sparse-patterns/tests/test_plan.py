@@ -216,15 +216,22 @@ HEADS = [
 LAYOUT_SPANS = [(0, 41), (2, 144), (0, 30), (2, 96), (0, 24)]  # S = 335
 
 
+def _layer_inputs(seed: int, D: int):
+    """The layout of ``LAYOUT_SPANS`` and seeded float32 q ``[1, 8, 335, D]``, k / v
+    ``[1, 4, 335, D]`` (GQA 2)."""
+    lay = TokenLayout.from_spans(LAYOUT_SPANS, tokens_per_frame=24)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 8, 335, D, generator=g)
+    k = torch.randn(1, 4, 335, D, generator=g)
+    v = torch.randn(1, 4, 335, D, generator=g)
+    return lay, q, k, v
+
+
 def test_layer_reference_equals_masked_attention_of_the_plan():
     """The whole layer (8 pattern/boundary groups, GQA) equals dense attention restricted to
     the plan's executed mask (float64)."""
     S = 335
-    lay = TokenLayout.from_spans(LAYOUT_SPANS, tokens_per_frame=24)
-    g = torch.Generator().manual_seed(5)
-    q = torch.randn(1, 8, S, 64, generator=g)
-    k = torch.randn(1, 4, S, 64, generator=g)
-    v = torch.randn(1, 4, S, 64, generator=g)
+    lay, q, k, v = _layer_inputs(seed=5, D=64)
     plan = plan_layer(q, k, HEADS, lay, block=32)
     out = mminference_attention(q, k, v, HEADS, lay, block=32, impl="reference")
     ref = masked_attention_reference(q, k, v, plan.row_mask(torch.arange(S)), scale=64**-0.5)
@@ -427,12 +434,7 @@ def test_plan_run_map_equals_kv_block_runs():
 
     from sparse_kernels.permuted import kv_block_runs
 
-    S = 335
-    lay = TokenLayout.from_spans(LAYOUT_SPANS, tokens_per_frame=24)
-    g = torch.Generator().manual_seed(9)
-    q = torch.randn(1, 8, S, 32, generator=g)
-    k = torch.randn(1, 4, S, 32, generator=g)
-    v = torch.randn(1, 4, S, 32, generator=g)
+    lay, q, k, v = _layer_inputs(seed=9, D=32)
     heads = [HeadConfig(Grid(stride=8))] + HEADS[1:]
     plan = plan_layer(q, k, heads, lay, block=32)
     runs, step = plan.kv_runs

@@ -188,6 +188,25 @@ def test_bad_unsorted_or_duplicate():
         _bad(si=torch.tensor([[[3, 3]] * 2], dtype=torch.int32))
 
 
+def test_index_without_content_checks():
+    """``check_contents=False`` skips only the range / order checks (its caller vouches for
+    them): the same index on valid indices, no ValueError on unsorted ones; shapes and dtypes
+    are still checked."""
+    from sparse_kernels.vertical_slash import build_vertical_slash_index
+
+    vi, si = make_indices(1, 2, 300, 6, 5, device="cpu")
+    a = build_vertical_slash_index(vi, si, seq_len=300)
+    b = build_vertical_slash_index(vi, si, seq_len=300, check_contents=False)
+    for f in ("range_count", "range_start", "range_end", "column_count", "columns"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    unsorted = torch.tensor([[[5, 3]] * 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match="sorted strictly"):
+        build_vertical_slash_index(unsorted, si, seq_len=300)
+    build_vertical_slash_index(unsorted, si, seq_len=300, check_contents=False)
+    with pytest.raises(TypeError, match="int32 or torch.int64"):
+        build_vertical_slash_index(vi.float(), si, seq_len=300, check_contents=False)
+
+
 def test_bad_dtype():
     with pytest.raises(TypeError, match="int32 or torch.int64, got torch.float32"):
         _bad(vi=torch.zeros(1, 2, 1))

@@ -217,6 +217,8 @@ class BlockPlan:
         """Execute with ``sparse_kernels.permuted_block_sparse_attention`` (one launch), plus one
         ``sparse_kernels.vertical_slash_attention`` launch per group of exact-vertical heads."""
         from sparse_kernels import permuted_block_sparse_attention, vertical_slash_attention
+        from sparse_kernels._validate import resolve_impl
+        from sparse_kernels.vertical_slash import build_vertical_slash_index
 
         idx, counts, runs = self._launch_lists
         res = permuted_block_sparse_attention(
@@ -249,9 +251,17 @@ class BlockPlan:
                 ks, vs = k[:, sel], v[:, sel]
             else:
                 ks, vs = k[:, kv], v[:, kv]
+            # The planner's indices are in range and strictly ascending by construction: the
+            # kernel's index is built without its content checks (six host reads).
+            index = None
+            if resolve_impl(impl, q.device, "BlockPlan.run") == "triton":
+                index = build_vertical_slash_index(
+                    part.vertical, part.slash, seq_len=q.shape[2], block_m=self.block,
+                    block_n=self.block, check_contents=False,
+                )  # fmt: skip
             part_res = vertical_slash_attention(
                 q[:, hs], ks, vs, part.vertical, part.slash, scale=scale, impl=impl,
-                block_m=self.block, block_n=self.block,
+                block_m=self.block, block_n=self.block, index=index,
             )  # fmt: skip
             res.out[:, hs] = part_res.out
             res.lse[:, hs] = part_res.lse

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from sparse_kernels.permuted.perms import block_lists_from_mask, compact_by_mask, host_ints
 
-from ._device import to_device
+from ._device import heads_index, to_device
 
 # Element budget of one chunk of a block-mask or element-mask builder (bools).
 _CHUNK_ELEMS = 1 << 27
@@ -189,7 +189,7 @@ class BlockPlan:
         if self.exact_vertical and self.exact_lists:
             counts = counts.clone()
             for part in self.exact_vertical:
-                counts[:, list(part.heads)] = 0
+                counts[:, heads_index(list(part.heads), counts.device)] = 0
         if self.kv_perm is None:
             return self.kv_block_indices, counts, None
         if self.kv_runs is not None:
@@ -239,18 +239,20 @@ class BlockPlan:
             impl=impl,
         )
         G = q.shape[1] // k.shape[1]
+        dev = q.device
         for part in self.exact_vertical:
             hs = list(part.heads)
+            at = heads_index(hs, dev)  # a slice, or an index copied without blocking
             kv = [h // G for h in hs]
             uniq = sorted(set(kv))
             per = len(hs) // len(uniq)
             if len(hs) % len(uniq) == 0 and all(kv[i] == uniq[i // per] for i in range(len(hs))):
                 # Same number of heads from each KV head, in order: GQA without copying K/V
                 # (unless only some KV heads are used).
-                sel = uniq if uniq != list(range(k.shape[1])) else slice(None)
+                sel = heads_index(uniq, dev) if uniq != list(range(k.shape[1])) else slice(None)
                 ks, vs = k[:, sel], v[:, sel]
             else:
-                ks, vs = k[:, kv], v[:, kv]
+                ks, vs = k[:, heads_index(kv, dev)], v[:, heads_index(kv, dev)]
             # The planner's indices are in range and strictly ascending by construction: the
             # kernel's index is built without its content checks (six host reads).
             index = None
@@ -260,11 +262,11 @@ class BlockPlan:
                     block_n=self.block, check_contents=False,
                 )  # fmt: skip
             part_res = vertical_slash_attention(
-                q[:, hs], ks, vs, part.vertical, part.slash, scale=scale, impl=impl,
+                q[:, at], ks, vs, part.vertical, part.slash, scale=scale, impl=impl,
                 block_m=self.block, block_n=self.block, index=index,
             )  # fmt: skip
-            res.out[:, hs] = part_res.out
-            res.lse[:, hs] = part_res.lse
+            res.out[:, at] = part_res.out
+            res.lse[:, at] = part_res.lse
         return res
 
 

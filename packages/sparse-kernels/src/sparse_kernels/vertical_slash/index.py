@@ -136,24 +136,18 @@ def _check_indices(
     return t
 
 
-def _compact(
-    mask: torch.Tensor, count: torch.Tensor, width: int, fill: int, values
-) -> torch.Tensor:
-    """``[N, M, width]`` int32: per row ``(n, m)``, ``values`` of the set entries of
-    ``mask[n, m, :]`` in ascending position order, then ``fill``. Same result as a sorted top-k
-    of the smallest keys (set entries keyed by their value, the rest by ``fill``) when values
-    ascend with position, at a cost proportional to the set entries, not to ``width``."""
-    N, M, _ = mask.shape
-    out = torch.full((N * M, width), fill, dtype=torch.int32, device=mask.device)
-    nz = mask.nonzero()  # [T, 3], row-major: grouped by row, ascending position within a row
-    if nz.shape[0] == 0:
-        return out.reshape(N, M, width)
-    row = nz[:, 0] * M + nz[:, 1]
-    flat = count.reshape(-1).to(torch.int64)
-    first = torch.cumsum(flat, 0) - flat  # where each row's entries start in nz
-    rank = torch.arange(nz.shape[0], device=mask.device) - first[row]
-    out[row, rank] = values(nz).to(torch.int32)
-    return out.reshape(N, M, width)
+def _compact(mask: torch.Tensor, width: int, fill: int, values: torch.Tensor) -> torch.Tensor:
+    """``[N, M, width]`` int32: per row ``(n, m)``, ``values`` (broadcast to ``mask``'s shape) at
+    the set entries of ``mask[n, m, :]`` in ascending position order, then ``fill``. Placed by
+    their ranks (a cumulative sum), so no size is read back; every row's count must be at most
+    ``width``."""
+    pos = mask.cumsum(-1, dtype=torch.int32) - 1
+    out = torch.full((*mask.shape[:-1], width + 1), fill, dtype=torch.int32, device=mask.device)
+    # Set entries go to their rank; the others to a last column that is dropped.
+    out.scatter_(
+        -1, torch.where(mask, pos, width).long(), values.expand(mask.shape).to(torch.int32)
+    )
+    return out[..., :width]
 
 
 def build_vertical_slash_index(
@@ -187,9 +181,9 @@ def build_vertical_slash_index(
             a device-side error, not a ``ValueError``. Shapes and dtypes are checked either way.
 
     Returns:
-        :class:`VerticalSlashIndex` on the indices' device. Synchronises with the host for the
-        sizes of the padded range/column tensors (one read-back) and in the ``nonzero`` of
-        each compaction (the last query block's ranges and the leftover columns).
+        :class:`VerticalSlashIndex` on the indices' device. Synchronises with the host once,
+        for the sizes of the padded range/column tensors, plus the content checks' reads when
+        ``check_contents``.
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
         raise ValueError(f"{_OP}: seq_len: expected a positive int, got {seq_len!r}")
@@ -312,14 +306,11 @@ def build_vertical_slash_index(
     k_hi = torch.minimum(at(run_hi, j), hi[:, None])
     range_start = torch.where(ok, nkb - 1 - (k_hi - c_m[:, None]), nkb).to(torch.int32)
     range_end = torch.where(ok, nkb - (k_lo - c_m[:, None]), nkb + 1).to(torch.int32)
-    range_start[:, -1] = _compact(
-        st_last[:, None], range_count[:, -1:], R, nkb, lambda nz: nz[:, 2]
-    )[:, 0]
-    range_end[:, -1] = _compact(
-        en_last[:, None], range_count[:, -1:], R, nkb + 1, lambda nz: nz[:, 2] + 1
-    )[:, 0]
+    kb = torch.arange(nkb, device=dev)
+    range_start[:, -1] = _compact(st_last[:, None], R, nkb, kb)[:, 0]
+    range_end[:, -1] = _compact(en_last[:, None], R, nkb + 1, kb + 1)[:, 0]
     if NV > 0:
-        columns = _compact(keep, column_count, min(C, NV), S, lambda nz: v[nz[:, 0], nz[:, 2]])
+        columns = _compact(keep, min(C, NV), S, v[:, None, :])
     else:
         columns = torch.zeros(N, nqb, 1, dtype=torch.int32, device=dev)
     return VerticalSlashIndex(

@@ -205,6 +205,15 @@ def test_index_without_content_checks():
     build_vertical_slash_index(unsorted, si, seq_len=300, check_contents=False)
     with pytest.raises(TypeError, match="int32 or torch.int64"):
         build_vertical_slash_index(vi.float(), si, seq_len=300, check_contents=False)
+    # vertical_slash_attention passes the choice down when it builds the index itself.
+    q, k, v = make_qkv(1, 2, 1, 100, 100, 64, dtype=torch.float32, device="cpu")
+    bad_vi = torch.tensor([[[5, 3]] * 2], dtype=torch.int32)
+    bad_si = torch.tensor([[[0, 1]] * 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match="sorted strictly"):
+        vertical_slash_attention(q, k, v, bad_vi, bad_si, impl="reference")
+    got = vertical_slash_attention(q, k, v, bad_vi, bad_si, impl="reference", check_indices=False)
+    want = vertical_slash_attention(q, k, v, bad_vi.flip(-1), bad_si, impl="reference")
+    assert torch.equal(got.out, want.out)  # the same columns, in any order, for the reference
 
 
 def test_bad_dtype():

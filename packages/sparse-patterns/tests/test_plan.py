@@ -387,7 +387,7 @@ def test_grid_lists_rows_wider_than_the_kernel_takes(monkeypatch):
     """impl='triton' raises for candidate rows wider than the kernel's tile; 'auto' takes the
     torch path for them (same lists)."""
     from sparse_kernels import grid_permutation
-    from sparse_kernels.permuted import grid_triton
+    from sparse_kernels.permuted import lists_triton
     from sparse_kernels.permuted.perms import grid_line_offsets
     from sparse_patterns.plan import grid_lists
 
@@ -398,7 +398,7 @@ def test_grid_lists_rows_wider_than_the_kernel_takes(monkeypatch):
     offs = grid_line_offsets(S, st, ph)
     t = torch.tensor([True], device=dev)
     ref = grid_lists(perm, offs, t, t, S, blk, impl="reference")
-    monkeypatch.setattr(grid_triton, "GRID_LISTS_MAX_WIDTH", 4)
+    monkeypatch.setattr(lists_triton, "GRID_LISTS_MAX_WIDTH", 4)
     with pytest.raises(NotImplementedError, match="rows of up to 4 candidate blocks"):
         grid_lists(perm, offs, t, t, S, blk, impl="triton")
     got = grid_lists(perm, offs, t, t, S, blk, impl="auto")

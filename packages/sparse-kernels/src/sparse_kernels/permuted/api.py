@@ -119,19 +119,8 @@ def _check_contents(
             )
     valids = []
     for prefix, idx, cnt in lists:
-        maxb = idx.shape[-1]
-        if bool(((cnt < 0) | (cnt > maxb)).any()):
-            raise ValueError(
-                f"{prefix}kv_block_counts: expected values in [0, MAXB={maxb}], got "
-                f"min {int(cnt.min())}, max {int(cnt.max())}"
-            )
-        valid = torch.arange(maxb, device=idx.device) < cnt[..., None].long()
-        bad = valid & ((idx < 0) | (idx >= nkb))
-        if bool(bad.any()):
-            raise ValueError(
-                f"{prefix}kv_block_indices: expected listed key blocks in [0, {nkb}), got "
-                f"{int(idx[bad].min())}..{int(idx[bad].max())}"
-            )
+        names = (f"{prefix}kv_block_indices", f"{prefix}kv_block_counts", "MAXB")
+        valid = _check_counted(idx, cnt, names, "listed key blocks", nkb)
         valids.append((idx, valid))
     # A key block listed twice for one query block (in one list, or in both) would be summed
     # twice by the kernel: reject it.
@@ -165,20 +154,27 @@ def _check_run_step(step: object, B: int, H: int, device) -> int | torch.Tensor:
     return step.to(torch.int64)
 
 
-def _check_runs(starts: torch.Tensor, counts: torch.Tensor, S_KV: int) -> None:
-    maxr = starts.shape[-1]
-    if bool(((counts < 0) | (counts > maxr)).any()):
+def _check_counted(
+    entries: torch.Tensor, counts: torch.Tensor, names: tuple[str, str, str], what: str, limit: int
+) -> torch.Tensor:
+    """A padded list (``entries [..., W]`` of which the first ``counts [...]`` are used): counts
+    in ``[0, W]`` and used entries in ``[0, limit)``. ``names``: the entries', the counts' and
+    the width's names in the messages. Returns the used-entry mask."""
+    ename, cname, wname = names
+    width = entries.shape[-1]
+    if bool(((counts < 0) | (counts > width)).any()):
         raise ValueError(
-            f"kv_run_counts: expected values in [0, MAXR={maxr}], got "
+            f"{cname}: expected values in [0, {wname}={width}], got "
             f"min {int(counts.min())}, max {int(counts.max())}"
         )
-    valid = torch.arange(maxr, device=starts.device) < counts[..., None].long()
-    bad = valid & ((starts < 0) | (starts >= S_KV))
+    valid = torch.arange(width, device=entries.device) < counts[..., None].long()
+    bad = valid & ((entries < 0) | (entries >= limit))
     if bool(bad.any()):
         raise ValueError(
-            f"kv_run_starts: expected original key positions in [0, {S_KV}), got "
-            f"{int(starts[bad].min())}..{int(starts[bad].max())}"
+            f"{ename}: expected {what} in [0, {limit}), got "
+            f"{int(entries[bad].min())}..{int(entries[bad].max())}"
         )
+    return valid
 
 
 def permuted_block_sparse_attention(
@@ -349,7 +345,8 @@ def permuted_block_sparse_attention(
     if check_perm:
         _check_contents(q_perm, kv_perm, lists, nkb, modalities)
         if kv_run_starts is not None:
-            _check_runs(kv_run_starts, kv_run_counts, S_KV)
+            names = ("kv_run_starts", "kv_run_counts", "MAXR")
+            _check_counted(kv_run_starts, kv_run_counts, names, "original key positions", S_KV)
             if isinstance(kv_run_step, torch.Tensor) and bool((kv_run_step < 1).any()):
                 raise ValueError(
                     f"kv_run_step: expected steps >= 1, got min {int(kv_run_step.min())}"

@@ -345,6 +345,8 @@ def split_run_blocks(
         then the runs' original start positions; int32, each row in list order. Together they
         attend exactly what the input lists attend.
     """
+    from .lists_triton import SPLIT_RUNS_MAX_WIDTH, _launch_split_runs
+
     if runs is None:
         runs = kv_block_runs(kv_perm, block_n, step)
     nkb = runs.shape[-1]
@@ -352,8 +354,6 @@ def split_run_blocks(
     idx = kv_block_indices.expand(*lead, *kv_block_indices.shape[2:])
     cnt = kv_block_counts.expand(*lead, kv_block_counts.shape[-1])
     W = idx.shape[-1]
-    from .grid_triton import SPLIT_RUNS_MAX_WIDTH, _launch_split_runs
-
     which = resolve_impl(impl, idx.device, "split_run_blocks")
     fits = width is not None and W <= SPLIT_RUNS_MAX_WIDTH
     if which == "triton" and not fits:

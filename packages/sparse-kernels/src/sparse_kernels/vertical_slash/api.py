@@ -24,6 +24,7 @@ def vertical_slash_attention(
     block_m: int = 64,
     block_n: int = 64,
     index: VerticalSlashIndex | None = None,
+    check_indices: bool = True,
 ) -> AttentionOutput:
     """MInference vertical-slash sparse attention (causal, ``S_Q == S_KV == S``).
 
@@ -53,6 +54,9 @@ def vertical_slash_attention(
         block_m, block_n: tile sizes, 64 or 128 each.
         index: the result of ``build_vertical_slash_index(vertical_indices, slash_indices,
             seq_len=S, block_m=block_m, block_n=block_n)``; built here when ``None``.
+        check_indices: when the index is built here, check the indices' range and order
+            (``build_vertical_slash_index(check_contents=...)``, six host reads); ``False`` for
+            callers whose indices are valid by construction.
 
     Returns:
         ``AttentionOutput(out, lse)``.
@@ -70,8 +74,9 @@ def vertical_slash_attention(
             if isinstance(t, torch.Tensor) and t.device != q.device:
                 raise ValueError(f"{_OP}: {nm}: expected device {q.device} (q's), got {t.device}")
         index = build_vertical_slash_index(
-            vertical_indices, slash_indices, seq_len=S_Q, block_m=block_m, block_n=block_n
-        )
+            vertical_indices, slash_indices, seq_len=S_Q, block_m=block_m, block_n=block_n,
+            check_contents=check_indices,
+        )  # fmt: skip
     elif not isinstance(index, VerticalSlashIndex):
         raise TypeError(f"{_OP}: index: expected a VerticalSlashIndex, got {type(index).__name__}")
     elif (index.seq_len, index.block_m, index.block_n) != (S_Q, block_m, block_n) or tuple(

@@ -1,0 +1,143 @@
+"""Block-list builders in one Triton launch each (no host read, no ``nonzero``): the Grid heads'
+candidate lists (``sparse_patterns.plan.grid_lists``) and the run split of
+:func:`~sparse_kernels.permuted.split_run_blocks`. Each program takes a tile of list rows, marks the
+entries it keeps and writes them at their ranks (a cumulative sum along the row)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _grid_lists_kernel(
+    v_hi_ptr,
+    s_lo_ptr,
+    s_hi_ptr,
+    kmin_ptr,
+    qmax_ptr,
+    idx_ptr,
+    cnt_ptr,
+    nqb,
+    nkb,
+    WV,
+    WS,
+    BLOCK_R: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    # Candidates of query block m, in order: key blocks 0 .. WV - 1 (vertical line 0, kept up to
+    # v_hi), s_lo[m] .. s_lo[m] + WS - 1 (the block's own lines, kept up to s_hi[m] and above
+    # v_hi), then m itself (kept unless already listed); each kept only if its smallest original
+    # key is <= the query block's largest original row. Kept ones are written at their ranks.
+    n = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    live = rows < nqb
+    c = tl.arange(0, BLOCK_W)[None, :]
+    vh = tl.load(v_hi_ptr + n)
+    at = n.to(tl.int64) * nqb + rows
+    slo = tl.load(s_lo_ptr + at, mask=live, other=0)[:, None]
+    shi = tl.load(s_hi_ptr + at, mask=live, other=-1)[:, None]
+    qm = tl.load(qmax_ptr + at, mask=live, other=-1)[:, None]
+    m = rows[:, None]
+    is_v = c < WV
+    is_s = (c >= WV) & (c < WV + WS)
+    cand = tl.where(is_v, c, tl.where(is_s, slo + (c - WV), m))
+    ok_d = ~((cand <= vh) | ((cand >= slo) & (cand <= shi)))
+    ok = tl.where(is_v, c <= vh, tl.where(is_s, (cand <= shi) & (cand > vh), ok_d))
+    ok = ok & (c <= WV + WS) & live[:, None]
+    cand = tl.minimum(cand, nkb - 1)
+    km = tl.load(kmin_ptr + n.to(tl.int64) * nkb + cand, mask=ok, other=0)
+    ok = ok & (km <= qm)
+    keep = ok.to(tl.int32)
+    pos = tl.cumsum(keep, 1) - 1
+    W = WV + WS + 1
+    tl.store(idx_ptr + at[:, None] * W + pos, cand.to(tl.int32), mask=ok)
+    tl.store(cnt_ptr + at, tl.sum(keep, 1), mask=live)
+
+
+# Widest candidate row the kernel takes in one tile; wider rows go through the torch path.
+GRID_LISTS_MAX_WIDTH = 8192
+
+
+def launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, wv: int, ws: int, nkb: int):
+    """``(idx [N, NQB, wv + ws + 1], cnt [N, NQB])`` int32 (see ``_grid_lists_kernel``); inputs
+    int64: ``v_hi [N]``, ``s_lo``/``s_hi``/``qmax [N, NQB]``, ``kmin [N, NKB]``."""
+    N, nqb = s_lo.shape
+    W = wv + ws + 1
+    block_w = triton.next_power_of_2(W)
+    block_r = max(1, 4096 // block_w)
+    idx = torch.zeros(N, nqb, W, dtype=torch.int32, device=s_lo.device)
+    cnt = torch.empty(N, nqb, dtype=torch.int32, device=s_lo.device)
+    _grid_lists_kernel[(triton.cdiv(nqb, block_r), N)](
+        v_hi.contiguous(), s_lo.contiguous(), s_hi.contiguous(), kmin.contiguous(),
+        qmax.contiguous(), idx, cnt, nqb, nkb, wv, ws, BLOCK_R=block_r, BLOCK_W=block_w,
+    )  # fmt: skip
+    return idx, cnt
+
+
+@triton.jit
+def _split_runs_kernel(
+    idx_ptr,
+    cnt_ptr,
+    runs_ptr,
+    rest_ptr,
+    rest_cnt_ptr,
+    starts_ptr,
+    run_cnt_ptr,
+    n_rows,
+    nqb,
+    nkb,
+    W,
+    WIDTH,
+    BLOCK_R: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    # Row r = (lead, query block): its listed key blocks whose run map entry (runs[lead, block])
+    # is a start go to the run list as that start, the others stay; both keep list order.
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    live = rows < n_rows
+    c = tl.arange(0, BLOCK_W)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    cnt = tl.load(cnt_ptr + rows, mask=live, other=0)
+    valid = (c < cnt[:, None]) & (c < W) & live[:, None]
+    blk = tl.load(idx_ptr + r64 * W + c, mask=valid, other=0)
+    lead = (rows // nqb).to(tl.int64)[:, None]
+    start = tl.load(
+        runs_ptr + lead * nkb + tl.minimum(tl.maximum(blk, 0), nkb - 1), mask=valid, other=-1
+    )
+    is_run = valid & (start >= 0)
+    rest = valid & (start < 0)
+    p_run = tl.cumsum(is_run.to(tl.int32), 1) - 1
+    p_rest = tl.cumsum(rest.to(tl.int32), 1) - 1
+    tl.store(starts_ptr + r64 * WIDTH + p_run, start, mask=is_run & (p_run < WIDTH))
+    tl.store(rest_ptr + r64 * WIDTH + p_rest, blk, mask=rest & (p_rest < WIDTH))
+    tl.store(run_cnt_ptr + rows, tl.sum(is_run.to(tl.int32), 1), mask=live)
+    tl.store(rest_cnt_ptr + rows, tl.sum(rest.to(tl.int32), 1), mask=live)
+
+
+# Widest list the split kernel takes in one tile; wider lists go through the torch path.
+SPLIT_RUNS_MAX_WIDTH = 8192
+
+
+def _launch_split_runs(idx, cnt, runs, width: int):
+    """``split_run_blocks`` in one launch: ``idx [*lead, NQB, W]``, ``cnt [*lead, NQB]``,
+    ``runs [*lead, NKB]`` (already broadcast to ``lead``), outputs ``width`` wide."""
+    *lead, nqb, W = idx.shape
+    nkb = runs.shape[-1]
+    n_rows = cnt.numel()
+    idx = idx.to(torch.int32).contiguous()
+    cnt = cnt.to(torch.int32).contiguous()
+    runs = runs.to(torch.int32).contiguous()
+    dev = idx.device
+    rest = torch.zeros(*lead, nqb, width, dtype=torch.int32, device=dev)
+    starts = torch.zeros_like(rest)
+    rest_cnt = torch.empty(*lead, nqb, dtype=torch.int32, device=dev)
+    run_cnt = torch.empty_like(rest_cnt)
+    block_w = triton.next_power_of_2(max(W, 1))
+    block_r = max(1, 4096 // block_w)
+    _split_runs_kernel[(triton.cdiv(n_rows, block_r),)](
+        idx, cnt, runs, rest, rest_cnt, starts, run_cnt, n_rows, nqb, nkb, W, width,
+        BLOCK_R=block_r, BLOCK_W=block_w,
+    )  # fmt: skip
+    return rest, rest_cnt, starts, run_cnt

@@ -50,10 +50,27 @@ METHODS = ("dense", "mminference", "mminference+trianglemix")
 TEXT = 64
 TPF = 256
 FULL = dict(layers=28, hidden=3584, heads=28, kv_heads=4, mlp=18944, tpf=256, start=14)
+MODEL_ID = "qwen2.5-vl-7b-language-model-shape (random weights)"
 SMOKE = dict(layers=4, hidden=128, heads=4, kv_heads=2, mlp=256, tpf=32, start=2)
 
 
-def _model(dims: dict, device: str, dtype: torch.dtype):
+def structure_qk(layer, norm: float, seed: int = 1) -> None:
+    """Give every KV head of ``layer`` a shared query/key bias of L2 norm ``norm`` (its query
+    heads get the same vector). After RoPE, ``q_m . k_n`` then gains
+    ``sum_i |c_i|^2 cos(theta_i (pos_m - pos_n))``, which peaks at small relative (M-RoPE: 3-D)
+    positions: the locality of trained heads, which random weights lack. ``norm=0`` zeroes it."""
+    attn = layer.self_attn
+    d = attn.head_dim
+    h_kv = attn.k_proj.out_features // d
+    group = attn.q_proj.out_features // attn.k_proj.out_features
+    c = torch.randn(h_kv, d, generator=torch.Generator().manual_seed(seed))
+    c = c / c.norm(dim=-1, keepdim=True) * norm
+    with torch.no_grad():
+        attn.k_proj.bias.copy_(c.reshape(-1))
+        attn.q_proj.bias.copy_(c.repeat_interleave(group, dim=0).reshape(-1))
+
+
+def _model(dims: dict, device: str, dtype: torch.dtype, qk_bias_norm: float | None = None):
     import transformers
 
     cfg = transformers.Qwen2_5_VLTextConfig(
@@ -72,6 +89,9 @@ def _model(dims: dict, device: str, dtype: torch.dtype):
     finally:
         torch.set_default_dtype(prev)
     model.set_attn_implementation("sdpa")
+    if qk_bias_norm is not None:  # seeded per layer: each layer gets its own directions
+        for i, layer in enumerate(model.layers):
+            structure_qk(layer, qk_bias_norm, seed=1 + i)
     return model
 
 
@@ -180,11 +200,13 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
 
     if method == "dense":
         return None
-    heads = _head_mix(
+    config = dims.get("config")
+    mix = _head_mix(
         dims["heads"], dims["kv_heads"], dims["tpf"], dims.get("exact_verticals", False)
     )
 
     def dynamic(q, k, v, *, layer_idx, scale):
+        heads = mix if config is None else config.layer(layer_idx)
         tok = timer.start("estimation")
         plan = plan_layer(q, k, heads, layout, scale=scale, exact_vertical_lists=False)
         timer.stop(tok)
@@ -261,6 +283,40 @@ def _profile(model, embeds, pos, chunk: int, out_dir: Path, name: str, method: s
     (out_dir / f"profile-{name}-{method}.txt").write_text(table)
 
 
+def search(model, dims: dict, tokens: int, *, device: str, dtype, eval_rows: int, out: Path):
+    """The offline search (``sparse_patterns.search_config``: kernel-aware, measured cost on
+    CUDA) on one calibration prefill of ``tokens`` tokens with this benchmark's layout and
+    positions; writes the config to ``out`` and returns it."""
+    from sparse_patterns import search_config
+
+    g = torch.Generator(device).manual_seed(tokens)
+    embeds = torch.randn(1, tokens, dims["hidden"], device=device, dtype=dtype, generator=g)
+    inputs = dict(inputs_embeds=embeds, position_ids=_positions(tokens, dims["tpf"], device),
+                  use_cache=False)  # fmt: skip
+    t0 = time.perf_counter()
+    cfg = search_config(model, inputs, _layout(tokens, dims["tpf"], device),
+                        model_id=MODEL_ID, n_eval_rows=eval_rows)  # fmt: skip
+    cfg.metadata["calibration_tokens"] = tokens
+    cfg.metadata["search_s"] = round(time.perf_counter() - t0, 1)
+    cfg.metadata["qk_bias_norm"] = dims.get("qk_bias_norm")
+    cfg.save(out)
+    print(f"search: {tokens} tokens, {cfg.metadata['search_s']} s, heads {head_kinds(cfg)}; "
+          f"wrote {out}", flush=True)  # fmt: skip
+    return cfg
+
+
+def head_kinds(cfg) -> dict[str, int]:
+    """How many heads of the config use each pattern (with boundary), over all layers."""
+    out: dict[str, int] = {}
+    for layer in cfg.layers:
+        for hc in layer:
+            name = type(hc.pattern).__name__
+            b = type(hc.boundary).__name__
+            key = name if b == "NoBoundary" else f"{name}+{b}"
+            out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def bench(
     lengths,
     methods,
@@ -273,12 +329,29 @@ def bench(
     single_pass: bool = False,
     tune_full_length: bool = False,
     profile_dir: str | None = None,
+    search_tokens: int | None = None,
+    search_eval_rows: int = 1024,
+    search_out: str | None = None,
 ) -> list[dict]:
     from sparse_kernels.benchmarking import env_info
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = _model(dims, device, dtype)
-    info = dict(env_info(), exact_verticals=bool(dims.get("exact_verticals", False)))
+    model = _model(dims, device, dtype, dims.get("qk_bias_norm"))
+    if search_tokens is not None:
+        out = Path(search_out or "bench_ttft_config.json")
+        dims = dict(dims, config=search(model, dims, search_tokens, device=device, dtype=dtype,
+                                        eval_rows=search_eval_rows, out=out))  # fmt: skip
+    cfg = dims.get("config")
+    info = dict(
+        env_info(),
+        exact_verticals=bool(dims.get("exact_verticals", False)),
+        qk_bias_norm=dims.get("qk_bias_norm"),
+        head_config="fixed mix" if cfg is None else {
+            "source": dims.get("config_source", "searched in this run"),
+            "calibration_tokens": cfg.metadata.get("calibration_tokens"),
+            "heads": head_kinds(cfg),
+        },
+    )  # fmt: skip
     rows = []
     for name, S in lengths:
         g = torch.Generator(device).manual_seed(S)
@@ -392,6 +465,30 @@ def main(argv=None) -> int:
         metavar="DIR",
         help="after each row, one more prefill under torch.profiler; kernel totals to DIR",
     )
+    p.add_argument(
+        "--qk-bias-norm",
+        type=float,
+        default=None,
+        help="give every KV head a shared query/key bias of this L2 norm (local attention after "
+        "RoPE, as in trained heads; see structure_qk); default: plain random weights",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="CFG",
+        help="per-layer head patterns from this PatternConfig JSON instead of the fixed mix",
+    )
+    p.add_argument(
+        "--search-tokens",
+        type=int,
+        default=None,
+        help="first run the offline search on a calibration prefill of this many tokens and "
+        "time its config (written to --search-out)",
+    )
+    p.add_argument("--search-out", default="bench_ttft_config.json", metavar="CFG")
+    p.add_argument(
+        "--search-eval-rows", type=int, default=1024, help="query rows scored per head in the search"
+    )
     p.add_argument("--smoke", action="store_true", help="tiny shape on the CPU (dry run)")
     p.add_argument("--out", default="bench_ttft.json")
     a = p.parse_args(argv)
@@ -410,14 +507,35 @@ def main(argv=None) -> int:
         if bad:
             p.error(f"--lengths: expected some of {', '.join(LENGTHS)}, got {bad}")
         lengths, dims, device = [(x, LENGTHS[x]) for x in a.lengths.split(",")], FULL, "cuda"
-    dims = dict(dims, exact_verticals=a.exact_verticals)
+    dims = dict(dims, exact_verticals=a.exact_verticals, qk_bias_norm=a.qk_bias_norm)
+    if a.qk_bias_norm is not None and a.qk_bias_norm < 0:
+        p.error(f"--qk-bias-norm: expected a norm >= 0, got {a.qk_bias_norm}")
+    if a.config is not None and a.search_tokens is not None:
+        p.error("--config and --search-tokens: expected one of them, got both")
+    if a.search_tokens is not None and a.search_tokens < 2 * TEXT + dims["tpf"]:
+        p.error(
+            f"--search-tokens: expected at least {2 * TEXT + dims['tpf']}, got {a.search_tokens}"
+        )
+    if a.config is not None:
+        from sparse_patterns import PatternConfig
+
+        try:
+            cfg = PatternConfig.load(a.config)
+        except (OSError, ValueError, TypeError) as e:
+            p.error(f"--config {a.config}: {e}")
+        if (cfg.num_layers, cfg.num_heads) != (dims["layers"], dims["heads"]):
+            p.error(f"--config {a.config}: expected {dims['layers']} layers x {dims['heads']} "
+                    f"heads, got {cfg.num_layers} x {cfg.num_heads}")  # fmt: skip
+        dims = dict(dims, config=cfg, config_source=a.config)
     if a.warmup_tokens is not None and a.warmup_tokens < 2 * TEXT + dims["tpf"]:
         p.error(
             f"--warmup-tokens: expected at least {2 * TEXT + dims['tpf']}, got {a.warmup_tokens}"
         )
     rows = bench(lengths, methods, device=device, dims=dims, repeat=a.repeat, chunk=a.mlp_chunk,
                  warmup_tokens=a.warmup_tokens, single_pass=a.single_pass,
-                 tune_full_length=a.tune_full_length, profile_dir=a.profile)  # fmt: skip
+                 tune_full_length=a.tune_full_length, profile_dir=a.profile,
+                 search_tokens=a.search_tokens, search_eval_rows=a.search_eval_rows,
+                 search_out=a.search_out)  # fmt: skip
     out = Path(a.out)
     fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", suffix=".json")
     with os.fdopen(fd, "w") as f:

@@ -33,19 +33,6 @@ def _bench_ttft():
     return mod
 
 
-def structure_qk(layer, norm: float, seed: int = 1) -> None:
-    """Shared query/key bias of L2 norm ``norm`` per KV head (see the module docstring)."""
-    attn = layer.self_attn
-    d = attn.head_dim
-    h_kv = attn.k_proj.out_features // d
-    group = attn.q_proj.out_features // attn.k_proj.out_features
-    c = torch.randn(h_kv, d, generator=torch.Generator().manual_seed(seed))
-    c = c / c.norm(dim=-1, keepdim=True) * norm
-    with torch.no_grad():
-        attn.k_proj.bias.copy_(c.reshape(-1))
-        attn.q_proj.bias.copy_(c.repeat_interleave(group, dim=0).reshape(-1))
-
-
 def densities(tokens: int, norms: list[float], threads: int, smoke: bool = False) -> list[dict]:
     from sparse_patterns import plan_layer
     from triangle_mix import LayerPolicy
@@ -63,7 +50,7 @@ def densities(tokens: int, norms: list[float], threads: int, smoke: bool = False
     kinds = [type(h.pattern).__name__ for h in heads]
     rows = []
     for norm in norms:
-        structure_qk(model.layers[0], norm)
+        bt.structure_qk(model.layers[0], norm)
         got = {}
 
         def dynamic(q, k, v, *, layer_idx, scale, got=got):

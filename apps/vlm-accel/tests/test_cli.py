@@ -226,6 +226,33 @@ def test_bench_ttft_tuning_pass_runs_one_layer_per_kind_and_restores_the_model(m
     assert list(model.layers) == before
 
 
+def test_bench_ttft_searches_a_config_and_times_it_then_reads_it_back(tmp_path):
+    """``--search-tokens``: the offline search runs on the (bias-structured) model, its config is
+    written and timed; ``--config`` reads that file back and times the same per-layer heads;
+    a config of another shape is refused with both shapes in the message."""
+    mod = _benchmark_module("bench_ttft")
+    cfg_path, out = tmp_path / "c.json", tmp_path / "t.json"
+    args = ["--smoke", "--methods", "dense,mminference", "--qk-bias-norm", "8"]
+    assert mod.main([*args, "--search-tokens", "512", "--search-out", str(cfg_path),
+                     "--out", str(out)]) == 0  # fmt: skip
+    from sparse_patterns import PatternConfig
+
+    cfg = PatternConfig.load(cfg_path)
+    assert (cfg.num_layers, cfg.num_heads) == (mod.SMOKE["layers"], mod.SMOKE["heads"])
+    assert cfg.metadata["calibration_tokens"] == 512 and cfg.metadata["qk_bias_norm"] == 8.0
+    rows = json.loads(out.read_text())["rows"]
+    info = rows[-1]["env"]["head_config"]
+    assert info["heads"] == mod.head_kinds(cfg) and sum(info["heads"].values()) == 16
+    assert rows[-1]["env"]["qk_bias_norm"] == 8.0
+    assert rows[-1]["last_hidden_cosine_vs_first_method"] > 0.99
+    assert mod.main([*args, "--config", str(cfg_path), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"][-1]["env"]["head_config"]["source"] == str(cfg_path)
+    other = PatternConfig(cfg.model_id, 2, cfg.num_heads, cfg.layers[:2])
+    other.save(tmp_path / "o.json")
+    with pytest.raises(SystemExit):
+        mod.main(["--smoke", "--config", str(tmp_path / "o.json")])
+
+
 def test_vs_density_script_smoke(tmp_path):
     """The Vertical-Slash density check at bench_ttft's tiny shape: one row per bias norm, a
     density in (0, 1] per head; the bias: one vector of the given norm per KV head, shared by
@@ -242,7 +269,7 @@ def test_vs_density_script_smoke(tmp_path):
         assert all(0.0 < d <= 1.0 for d in r["per_head"])
     bt = mod._bench_ttft()
     layer = bt._model(dict(bt.SMOKE, layers=1), "cpu", torch.float32).layers[0]
-    mod.structure_qk(layer, 5.0)
+    bt.structure_qk(layer, 5.0)
     attn = layer.self_attn
     d = attn.head_dim
     kb = attn.k_proj.bias.view(-1, d)

@@ -487,7 +487,10 @@ def main(argv=None) -> int:
     )
     p.add_argument("--search-out", default="bench_ttft_config.json", metavar="CFG")
     p.add_argument(
-        "--search-eval-rows", type=int, default=1024, help="query rows scored per head in the search"
+        "--search-eval-rows",
+        type=int,
+        default=1024,
+        help="query rows scored per head in the search",
     )
     p.add_argument("--smoke", action="store_true", help="tiny shape on the CPU (dry run)")
     p.add_argument("--out", default="bench_ttft.json")

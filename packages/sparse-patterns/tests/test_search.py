@@ -174,9 +174,55 @@ def test_search_measures_kernel_cost_on_gpu_and_caches_it(tmp_path):
         candidates=CANDS, budget_pattern=AShape(sink=64, window=224), block=32, cost_table=table
     )
     chosen, info = search_layer(q, k, v, lay, **kw)
-    assert info["cost_model"] == "measured_kernel_ms"
+    assert info["cost_model"] == "measured_estimation_plus_kernel_ms"
     n = len(CostTable(tmp_path / "costs.json").table)
     assert n == info["n_candidates"] + 1  # every candidate + the budget pattern, timed once
     chosen2, _ = search_layer(q, k, v, lay, **kw)
     assert len(CostTable(tmp_path / "costs.json").table) == n
     assert all(c.pattern.kind in ("grid", "vertical_slash", "a_shape") for c in chosen + chosen2)
+
+
+@pytest.mark.gpu
+def test_measured_cost_is_estimation_plus_kernel(monkeypatch):
+    """Each measured cost is one timing of the candidate's plan_layer plus one of its kernel
+    launch: a fake timer returns 10 ms for a call that builds a plan and 1 ms for any other."""
+    from sparse_patterns import BlockPlan, CostTable
+    from sparse_patterns import search as search_mod
+
+    calls = {"estimate": 0, "kernel": 0}
+
+    def fake(fn, *, warmup, rep):
+        kind = "estimate" if isinstance(fn(), BlockPlan) else "kernel"
+        calls[kind] += 1
+        return 10.0 if kind == "estimate" else 1.0
+
+    monkeypatch.setattr(search_mod, "_time_ms", fake)
+    q, k, v, lay = _mixed_layer()
+    q, k, v = q.cuda().half(), k.cuda().half(), v.cuda().half()
+    lay = TokenLayout(lay.modality.cuda(), tokens_per_frame=32)
+    table = CostTable()
+    _, info = search_layer(
+        q, k, v, lay, candidates=CANDS, budget_pattern=AShape(sink=64, window=224), block=32,
+        cost_table=table,
+    )  # fmt: skip
+    n = info["n_candidates"] + 1
+    assert calls == {"estimate": n, "kernel": n}
+    assert sorted(table.table.values()) == [11.0] * n
+    assert info["budget"] == [pytest.approx(11.0 * 1.1)] * q.shape[1]
+    # A candidate whose cached cost is over budget is neither planned nor timed again.
+    planned = []
+    real_plan_layer = search_mod.plan_layer
+
+    def recording_plan_layer(q, k, heads, *args, **kwargs):
+        planned.append(heads)
+        return real_plan_layer(q, k, heads, *args, **kwargs)
+
+    monkeypatch.setattr(search_mod, "plan_layer", recording_plan_layer)
+    table.put(search_mod._cost_key(CANDS[1], q, k, 32), 1e9)
+    chosen, info = search_layer(
+        q, k, v, lay, candidates=CANDS, budget_pattern=AShape(sink=64, window=224), block=32,
+        cost_table=table,
+    )  # fmt: skip
+    assert info["skipped_over_budget"] == 1
+    assert CANDS[1] not in planned and CANDS[0] in planned and CANDS[2] in planned
+    assert not any(isinstance(c.pattern, VerticalSlash) for c in chosen)

@@ -294,8 +294,14 @@ def search(model, dims: dict, tokens: int, *, device: str, dtype, eval_rows: int
     inputs = dict(inputs_embeds=embeds, position_ids=_positions(tokens, dims["tpf"], device),
                   use_cache=False)  # fmt: skip
     t0 = time.perf_counter()
+
+    def progress(li: int, info: dict) -> None:
+        print(f"search: layer {li} done at {time.perf_counter() - t0:.1f} s "
+              f"({info['skipped_over_budget']} of {info['n_candidates']} candidates skipped, "
+              f"known over budget)", flush=True)  # fmt: skip
+
     cfg = search_config(model, inputs, _layout(tokens, dims["tpf"], device),
-                        model_id=MODEL_ID, n_eval_rows=eval_rows)  # fmt: skip
+                        model_id=MODEL_ID, n_eval_rows=eval_rows, progress=progress)  # fmt: skip
     cfg.metadata["calibration_tokens"] = tokens
     cfg.metadata["search_s"] = round(time.perf_counter() - t0, 1)
     cfg.metadata["qk_bias_norm"] = dims.get("qk_bias_norm")

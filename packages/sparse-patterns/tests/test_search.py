@@ -111,6 +111,7 @@ def test_search_config_from_a_tensor_provider(tmp_path):
         for li in inputs:
             yield li, q, k, v
 
+    seen = []
     cfg = search_config(
         provider,
         [0, 2],
@@ -121,7 +122,9 @@ def test_search_config_from_a_tensor_provider(tmp_path):
         budget_pattern=AShape(sink=64, window=224),
         block=32,
         n_eval_rows=200,
+        progress=lambda li, info: seen.append((li, info["n_candidates"])),
     )
+    assert seen == [(0, 6), (2, 6)]  # 2 intra candidates + their Q- and 2D-Boundary variants
     assert cfg.num_layers == 3 and cfg.num_heads == 4
     assert cfg.metadata["searched_layers"] == [0, 2]
     assert cfg.metadata["cost_model"] == "computed_blocks_proxy"
@@ -184,8 +187,9 @@ def test_search_measures_kernel_cost_on_gpu_and_caches_it(tmp_path):
 
 @pytest.mark.gpu
 def test_measured_cost_is_estimation_plus_kernel(monkeypatch):
-    """Each measured cost is one timing of the candidate's plan_layer plus one of its kernel
-    launch: a fake timer returns 10 ms for a call that builds a plan and 1 ms for any other."""
+    """Each measured cost is the candidate's plan_layer time plus its kernel launch time: a fake
+    timer returns 10 ms for a call that builds a plan and 1 ms for any other (the estimation is
+    timed twice, its first warm call and the minimum of two more)."""
     from sparse_patterns import BlockPlan, CostTable
     from sparse_patterns import search as search_mod
 
@@ -206,7 +210,7 @@ def test_measured_cost_is_estimation_plus_kernel(monkeypatch):
         cost_table=table,
     )  # fmt: skip
     n = info["n_candidates"] + 1
-    assert calls == {"estimate": n, "kernel": n}
+    assert calls == {"estimate": 2 * n, "kernel": n}
     assert sorted(table.table.values()) == [11.0] * n
     assert info["budget"] == [pytest.approx(11.0 * 1.1)] * q.shape[1]
     # A candidate whose cached cost is over budget is neither planned nor timed again.
@@ -225,4 +229,39 @@ def test_measured_cost_is_estimation_plus_kernel(monkeypatch):
     )  # fmt: skip
     assert info["skipped_over_budget"] == 1
     assert CANDS[1] not in planned and CANDS[0] in planned and CANDS[2] in planned
+    assert not any(isinstance(c.pattern, VerticalSlash) for c in chosen)
+
+
+@pytest.mark.gpu
+def test_an_estimation_over_budget_is_timed_once_and_its_kernel_never(monkeypatch):
+    """A candidate whose one warm plan_layer call already exceeds the budget costs that time;
+    neither its estimation nor its kernel is timed again."""
+    from sparse_patterns import BlockPlan, CostTable
+    from sparse_patterns import search as search_mod
+
+    calls, last = [], {}
+    real_plan_layer = search_mod.plan_layer
+
+    def recording_plan_layer(q, k, heads, *args, **kwargs):
+        last["heads"] = heads
+        return real_plan_layer(q, k, heads, *args, **kwargs)
+
+    def fake(fn, *, warmup, rep):
+        r = fn()
+        slow = isinstance(r, BlockPlan) and isinstance(last["heads"].pattern, VerticalSlash)
+        calls.append(("estimate" if isinstance(r, BlockPlan) else "kernel", slow))
+        return 100.0 if slow else 1.0
+
+    monkeypatch.setattr(search_mod, "plan_layer", recording_plan_layer)
+    monkeypatch.setattr(search_mod, "_time_ms", fake)
+    q, k, v, lay = _mixed_layer()
+    q, k, v = q.cuda().half(), k.cuda().half(), v.cuda().half()
+    lay = TokenLayout(lay.modality.cuda(), tokens_per_frame=32)
+    table = CostTable()
+    chosen, _ = search_layer(
+        q, k, v, lay, candidates=CANDS, budget_pattern=AShape(sink=64, window=224), block=32,
+        cost_table=table,
+    )  # fmt: skip
+    assert calls.count(("estimate", True)) == 1
+    assert table.get(search_mod._cost_key(CANDS[1], q, k, 32)) == 100.0
     assert not any(isinstance(c.pattern, VerticalSlash) for c in chosen)

@@ -134,11 +134,16 @@ def _time_ms(fn, *, warmup: int, rep: int) -> float:
     return cuda_time_ms(fn, warmup=warmup, rep=rep)
 
 
-def _measure(estimate: Callable[[], object], plan, q, k, v) -> float:
-    """Estimation (``estimate()``, one layer's ``plan_layer``) plus the kernel launch of ``plan``."""
-    return _time_ms(estimate, warmup=1, rep=3) + _time_ms(
-        lambda: plan.run(q, k, v), warmup=2, rep=5
-    )
+def _measure(estimate: Callable[[], object], plan, q, k, v, limit: float | None = None) -> float:
+    """Estimation (``estimate()``, one layer's ``plan_layer``; the caller has built one plan
+    already, so the first call here is warm) plus the kernel launch of ``plan``. An estimation
+    whose one warm call already exceeds ``limit`` ms is not timed further and the kernel not at
+    all: the candidate is over budget either way (element-level boundary plans take seconds)."""
+    first = _time_ms(estimate, warmup=0, rep=1)
+    if limit is not None and first > limit:
+        return first
+    est = min(first, _time_ms(estimate, warmup=0, rep=2))
+    return est + _time_ms(lambda: plan.run(q, k, v), warmup=2, rep=5)
 
 
 def search_layer(
@@ -188,13 +193,17 @@ def search_layer(
     table = cost_table or CostTable()
     rows = eval_rows(S, n_eval_rows, q.device)
 
+    limit: list[float | None] = [None]  # the budget, once known
+
     def cost_of(hc: HeadConfig, plan) -> torch.Tensor:
         if not measured:
             return plan.kv_block_counts.sum(-1).float().mean(0)  # [H] computed blocks
         key = _cost_key(hc, q, k, block)
         c = table.get(key)
         if c is None:
-            c = _measure(lambda: plan_layer(q, k, hc, lay, block=block), plan, q, k, v)
+            c = _measure(
+                lambda: plan_layer(q, k, hc, lay, block=block), plan, q, k, v, limit=limit[0]
+            )
             table.put(key, c)
         return torch.full((H,), float(c), device=q.device)
 
@@ -228,6 +237,7 @@ def search_layer(
     budget_hc = HeadConfig(budget_pattern)
     budget_plan = plan_layer(q, k, budget_hc, lay, block=block)
     budget = cost_of(budget_hc, budget_plan) * budget_slack  # [H]
+    limit[0] = float(budget.max())
 
     # 1. intra-modality
     results = evaluate(list(candidates))
@@ -301,6 +311,7 @@ def search_config(
     num_heads: int | None = None,
     layers: Sequence[int] | None = None,
     default: HeadConfig | None = None,
+    progress: Callable[[int, dict], object] | None = None,
     **search_kwargs,
 ) -> PatternConfig:
     """Search every layer and return a :class:`PatternConfig`.
@@ -313,6 +324,7 @@ def search_config(
             provider).
         layers: layers to capture with a HF model (default all); layers not searched get
             ``default`` (Dense).
+        progress: called as ``progress(layer_idx, info)`` after each layer is searched.
         search_kwargs: passed to :func:`search_layer` (candidates, budget_pattern, block, ...).
     """
     if callable(model_or_qkv_provider) and not hasattr(model_or_qkv_provider, "config"):
@@ -331,6 +343,8 @@ def search_config(
         found[int(li)] = chosen
         infos[str(int(li))] = info
         num_heads = num_heads or q.shape[1]
+        if progress is not None:
+            progress(int(li), info)
     if num_layers is None:
         num_layers = max(found) + 1 if found else 0
     if num_heads is None:

@@ -120,7 +120,9 @@ def _positions(S: int, tpf: int, device: str) -> torch.Tensor:
     return pos[:, None]
 
 
-def _head_mix(heads: int, kv_heads: int, tpf: int, exact_verticals: bool = False):
+def _head_mix(
+    heads: int, kv_heads: int, tpf: int, exact_verticals: bool = False, exact_a_shape: bool = False
+):
     from sparse_patterns import AShape, Grid, HeadConfig, VerticalSlash
 
     group = heads // kv_heads
@@ -136,7 +138,7 @@ def _head_mix(heads: int, kv_heads: int, tpf: int, exact_verticals: bool = False
                 )
             )
         else:
-            mix.append(HeadConfig(AShape(sink=128, window=4096)))
+            mix.append(HeadConfig(AShape(sink=128, window=4096, exact=exact_a_shape)))
     return tuple(mix)
 
 
@@ -202,7 +204,11 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
         return None
     config = dims.get("config")
     mix = _head_mix(
-        dims["heads"], dims["kv_heads"], dims["tpf"], dims.get("exact_verticals", False)
+        dims["heads"],
+        dims["kv_heads"],
+        dims["tpf"],
+        dims.get("exact_verticals", False),
+        dims.get("exact_a_shape", False),
     )
 
     def dynamic(q, k, v, *, layer_idx, scale):
@@ -300,8 +306,12 @@ def search(model, dims: dict, tokens: int, *, device: str, dtype, eval_rows: int
               f"({info['skipped_over_budget']} of {info['n_candidates']} candidates skipped, "
               f"known over budget)", flush=True)  # fmt: skip
 
-    cfg = search_config(model, inputs, _layout(tokens, dims["tpf"], device),
-                        model_id=MODEL_ID, n_eval_rows=eval_rows, progress=progress)  # fmt: skip
+    from sparse_patterns import table3_candidates
+
+    cands = table3_candidates(tokens, tokens_per_frame=dims["tpf"],
+                              exact_a_shape=bool(dims.get("exact_a_shape", False)))  # fmt: skip
+    cfg = search_config(model, inputs, _layout(tokens, dims["tpf"], device), model_id=MODEL_ID,
+                        n_eval_rows=eval_rows, progress=progress, candidates=cands)  # fmt: skip
     cfg.metadata["calibration_tokens"] = tokens
     cfg.metadata["search_s"] = round(time.perf_counter() - t0, 1)
     cfg.metadata["qk_bias_norm"] = dims.get("qk_bias_norm")
@@ -351,6 +361,7 @@ def bench(
     info = dict(
         env_info(),
         exact_verticals=bool(dims.get("exact_verticals", False)),
+        exact_a_shape=bool(dims.get("exact_a_shape", False)),
         qk_bias_norm=dims.get("qk_bias_norm"),
         head_config="fixed mix" if cfg is None else {
             "source": dims.get("config_source", "searched in this run"),
@@ -466,6 +477,12 @@ def main(argv=None) -> int:
         "rounding them to key blocks",
     )
     p.add_argument(
+        "--exact-a-shape",
+        action="store_true",
+        help="A-shape heads (the fixed mix's, and the search's Table 3 candidates) as "
+        "AShape(exact=True): no block rounding, run by triangle_attention",
+    )
+    p.add_argument(
         "--profile",
         default=None,
         metavar="DIR",
@@ -516,7 +533,12 @@ def main(argv=None) -> int:
         if bad:
             p.error(f"--lengths: expected some of {', '.join(LENGTHS)}, got {bad}")
         lengths, dims, device = [(x, LENGTHS[x]) for x in a.lengths.split(",")], FULL, "cuda"
-    dims = dict(dims, exact_verticals=a.exact_verticals, qk_bias_norm=a.qk_bias_norm)
+    dims = dict(
+        dims,
+        exact_verticals=a.exact_verticals,
+        exact_a_shape=a.exact_a_shape,
+        qk_bias_norm=a.qk_bias_norm,
+    )
     if a.qk_bias_norm is not None and a.qk_bias_norm < 0:
         p.error(f"--qk-bias-norm: expected a norm >= 0, got {a.qk_bias_norm}")
     if a.config is not None and a.search_tokens is not None:

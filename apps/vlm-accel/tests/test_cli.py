@@ -247,6 +247,14 @@ def test_bench_ttft_searches_a_config_and_times_it_then_reads_it_back(tmp_path):
     assert rows[-1]["last_hidden_cosine_vs_first_method"] > 0.99
     assert mod.main([*args, "--config", str(cfg_path), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["rows"][-1]["env"]["head_config"]["source"] == str(cfg_path)
+    # --exact-a-shape: the search's A-shape candidates are AShape(exact=True).
+    assert mod.main([*args, "--exact-a-shape", "--search-tokens", "512", "--search-out",
+                     str(cfg_path), "--out", str(out)]) == 0  # fmt: skip
+    # Under a boundary an A-shape takes its block-rounded form (boundaries run block-sparse).
+    heads = [h for layer in PatternConfig.load(cfg_path).layers for h in layer
+             if h.pattern.kind == "a_shape"]  # fmt: skip
+    assert heads and all(h.pattern.exact == (h.boundary.kind == "none") for h in heads)
+    assert json.loads(out.read_text())["rows"][-1]["env"]["exact_a_shape"] is True
     other = PatternConfig(cfg.model_id, 2, cfg.num_heads, cfg.layers[:2])
     other.save(tmp_path / "o.json")
     with pytest.raises(SystemExit):

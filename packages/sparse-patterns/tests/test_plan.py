@@ -721,3 +721,69 @@ def test_exact_vertical_heads_reject_q_boundary():
     hc = HeadConfig(VerticalSlash(n_vertical=4, n_slash=4, exact_verticals=True), QBoundary())
     with pytest.raises(NotImplementedError, match="QBoundary"):
         plan_layer(q, k, hc, None, block=64)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_exact_a_shape_heads_run_the_triangle_set(impl):
+    """AShape(exact=True) heads: grouped by (sink, window) into triangle_attention launches, their
+    executed set is exactly sink + window + causal (no block rounding), the other heads are as
+    in a plan without them, and the output is attention over row_mask."""
+    if impl == "triton" and not _triton_available():
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(6)
+    B, H, H_KV, S, D = 2, 6, 2, 300, 32
+    q, k, v = (torch.randn(B, h, S, D, generator=g).to(dev) for h in (H, H_KV, H_KV))
+    ex = AShape(sink=5, window=70, exact=True)
+    cfgs = [
+        HeadConfig(ex),
+        HeadConfig(VerticalSlash(n_vertical=10, n_slash=8)),
+        HeadConfig(ex),
+        HeadConfig(AShape(sink=0, window=33, exact=True)),
+        HeadConfig(AShape(sink=5, window=70)),
+        HeadConfig(ex),
+    ]
+    plan = plan_layer(q, k, cfgs, None, block=64)
+    assert sorted((p.heads, p.sink, p.window) for p in plan.exact_a_shape) == [
+        ((0, 2, 5), 5, 70),
+        ((3,), 0, 33),
+    ]
+    rows = torch.arange(S, device=dev)
+    mask = plan.row_mask(rows)
+    i, j = rows[:, None], rows[None, :]
+    for part in plan.exact_a_shape:
+        want = (j <= i) & ((j < part.sink) | (i - j < part.window))
+        assert torch.equal(mask[:, list(part.heads)], want.expand(B, len(part.heads), S, S))
+    # The block-rounded A-shape head 4 is a strict superset of the exact head 0's set.
+    assert bool((mask[:, 4] >= mask[:, 0]).all()) and bool((mask[:, 4] > mask[:, 0]).any())
+    alone = plan_layer(q[:, [1, 4]], k, [cfgs[1], cfgs[4]], None, block=64)  # same KV heads
+    assert torch.equal(mask[:, [1, 4]], alone.row_mask(rows))
+    out = plan.run(q, k, v, impl=impl)
+    gold = masked_attention_reference(q, k, v, mask, scale=D**-0.5, compute_dtype=torch.float64)
+    low = masked_attention_reference(q, k, v, mask, scale=D**-0.5)
+    assert_close_budget(out.out, low.out, gold.out, dtype=torch.float32)
+    with pytest.raises(NotImplementedError, match="exact=True"):
+        plan.to_block_mask()
+    lean = plan_layer(q, k, cfgs, None, block=64, exact_vertical_lists=False)
+    exact_heads = [h for p in plan.exact_a_shape for h in p.heads]
+    assert int(lean.kv_block_counts[:, exact_heads].sum()) == 0
+    assert torch.equal(lean.run(q, k, v, impl=impl).out, out.out)
+    with pytest.raises(ValueError, match="exact_vertical_lists=False"):
+        lean.row_mask(rows)
+    # A layer of exact heads only: no block-sparse launch, every row written.
+    only = plan_layer(q, k, [cfgs[0], cfgs[3]] * 3, None, block=64, exact_vertical_lists=False)
+    got = only.run(q, k, v, impl=impl)
+    # heads 0, 2 (sink 5, window 70) and 3 (sink 0, window 33) are configured as in ``plan``
+    torch.testing.assert_close(got.out[:, [0, 2, 3]], out.out[:, [0, 2, 3]])
+    assert torch.isfinite(got.out).all() and torch.isfinite(got.lse).all()
+
+
+def test_exact_a_shape_heads_reject_boundaries():
+    from sparse_patterns import QBoundary
+
+    q, k = torch.randn(1, 2, 128, 16), torch.randn(1, 1, 128, 16)
+    hc = HeadConfig(AShape(sink=4, window=32, exact=True), QBoundary())
+    with pytest.raises(NotImplementedError, match="exact=False"):
+        plan_layer(q, k, hc, None, block=64)
+    with pytest.raises(TypeError, match="AShape.exact: expected a bool"):
+        AShape(exact=1)

@@ -141,6 +141,9 @@ def test_table3_candidates():
     assert c[12].pattern == Grid(stride=196, use_hline=True, use_vline=False, use_slash=False)
     small = table3_candidates(2500)
     assert small[3].pattern.n_vertical == 100 and len(small) == 3 + 9 + 6
+    ex = table3_candidates(25_000, tokens_per_frame=196, exact_a_shape=True)
+    assert [h.pattern for h in ex[:3]] == [AShape(128, w, exact=True) for w in (1024, 2048, 4096)]
+    assert ex[3:] == c[3:]
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ from .patterns import (
 )
 from .plan import (
     BlockPlan,
+    ExactAShapeHeads,
     ExactVerticalHeads,
     a_shape_lists,
     best_block_runs,
@@ -177,12 +178,23 @@ class _Ctx:
 # kv_perm [N,S]|None, meta)
 
 
-def _plan_static(ctx: _Ctx, cfgs, kind) -> tuple:
+def _plan_static(ctx: _Ctx, cfgs, kind, exact: bool = False, exact_lists: bool = True) -> tuple:
     if kind == "a_shape":  # columns + diagonals: built without an NQB x NKB mask
+        meta = {}
+        if exact:
+            # Launch groups: heads of one (sink, window), run by triangle_attention.
+            by: dict[tuple[int, int], list[int]] = {}
+            for j, c in enumerate(cfgs):
+                by.setdefault((c.pattern.sink, c.pattern.window), []).append(j)
+            meta["exact_a_shape"] = [(local, sw[0], sw[1]) for sw, local in by.items()]
+            if not exact_lists:
+                nb = -(-ctx.S // ctx.block)
+                z = torch.zeros(ctx.B * len(cfgs), nb, dtype=torch.int32, device=ctx.q.device)
+                return z[..., None], z, None, None, meta
         sink = [c.pattern.sink for c in cfgs] * ctx.B
         window = [c.pattern.window for c in cfgs] * ctx.B
         idx, cnt = a_shape_lists(sink, window, ctx.S, ctx.block, ctx.q.device)
-        return idx, cnt, None, None, {}
+        return idx, cnt, None, None, meta
     N = ctx.B * len(cfgs)
     params = {f: _per_head(cfgs, ctx.B, f, ctx.q.device) for f in _STATIC_FIELDS[kind]}
     if not params:
@@ -599,7 +611,10 @@ def plan_layer(
             (those heads run ``vertical_slash_attention`` from their columns and diagonals);
             the plan's metrics do. ``False`` gives an execution-only plan: those heads get
             empty lists, and the metrics raise (at 1M tokens the lists are about 2000 blocks
-            per query block and head, which also widens the layer's index tensor).
+            per query block and head, which also widens the layer's index tensor). The same
+            holds for ``AShape(exact=True)`` heads (run by ``triangle_attention``): with
+            ``True`` their lists are the block-rounded set, an upper bound of what they compute
+            for ``computed_blocks``; ``row_mask`` gives their exact set either way.
     """
     from sparse_kernels._validate import check_scale
 
@@ -630,6 +645,13 @@ def plan_layer(
                 f"NoBoundary or KBoundary; got {type(c.boundary).__name__} (use "
                 f"exact_verticals=False there)"
             )
+        if isinstance(c.pattern, AShape) and c.pattern.exact:
+            exact = True
+            if bkind != "none":
+                raise NotImplementedError(
+                    f"head {h}: AShape(exact=True) runs without a boundary, with NoBoundary or "
+                    f"KBoundary; got {type(c.boundary).__name__} (use exact=False there)"
+                )
         groups.setdefault((type(c.pattern), bkind, exact), []).append(h)
     nb = -(-S // block)
     results = []
@@ -638,7 +660,7 @@ def plan_layer(
         if bkind in ("q", "2d"):
             res = _plan_boundary(ctx, hs, gc, two_d=bkind == "2d")
         elif ptype in _STATIC:
-            res = _plan_static(ctx, gc, _STATIC[ptype])
+            res = _plan_static(ctx, gc, _STATIC[ptype], exact, exact_vertical_lists)
         elif ptype is VerticalSlash:
             res = _plan_vs(ctx, hs, gc, exact, exact_vertical_lists)
         elif ptype is Grid:
@@ -653,10 +675,12 @@ def plan_layer(
     ident = torch.arange(S, device=dev, dtype=torch.int32)
     parts: dict[str, list] = {k: [] for k in ("idx", "cnt", "q", "kv", "runs", "step", "st", "ph")}
     step_one = True  # known on the host: no head has a grid step
-    exact_vertical = []
+    exact_vertical, exact_a_shape = [], []
     for hs, (i, c, qp, kp, meta) in results:
         for local, vv, ss in meta.get("exact_vertical", ()):
             exact_vertical.append(ExactVerticalHeads(tuple(hs[j] for j in local), vv, ss))
+        for local, sink, window in meta.get("exact_a_shape", ()):
+            exact_a_shape.append(ExactAShapeHeads(tuple(hs[j] for j in local), sink, window))
         Hg = len(hs)
         parts["idx"].append((hs, i.reshape(B, Hg, nb, -1)))
         parts["cnt"].append((hs, c.reshape(B, Hg, nb)))
@@ -698,8 +722,8 @@ def plan_layer(
         merged("idx", torch.zeros(nb, maxb, **i32)), merged("cnt", torch.zeros(nb, **i32)),
         merged("q", ident) if parts["q"] else None, merged("kv", ident) if parts["kv"] else None,
         block, S, {"stride": merged("st", minus_one), "phase": merged("ph", minus_one)},
-        tuple(exact_vertical), exact_lists=exact_vertical_lists or not exact_vertical,
-        kv_runs=kv_runs,
+        tuple(exact_vertical), exact_lists=exact_vertical_lists or not (exact_vertical or exact_a_shape),
+        kv_runs=kv_runs, exact_a_shape=tuple(exact_a_shape),
     )  # fmt: skip
 
 

@@ -8,7 +8,11 @@ block-granular superset described in :mod:`sparse_patterns.plan`); ``i`` query p
 ``j`` key position, always causal (``j <= i``):
 
 * ``Dense``: every causal key.
-* ``AShape(sink, window)``: ``j < sink`` or ``i - j < window``.
+* ``AShape(sink, window, exact)``: ``j < sink`` or ``i - j < window``. ``exact=False`` (default)
+  rounds the set up to blocks and runs the head in the layer's block-sparse launch;
+  ``exact=True`` attends exactly this set (no block rounding) with
+  ``sparse_kernels.triangle_attention`` (``last=0``), in a launch of its own for those heads:
+  its long key loops run nearer dense efficiency than 64x64 block lists.
 * ``TriShape(sink, window, last)``: A-shape, plus the last ``last`` query rows are dense.
 * ``VerticalSlash(n_vertical, n_slash, last_q, sink, local)``: MInference's pattern: the top
   ``n_vertical`` key columns and the top ``n_slash`` diagonals (offsets ``i - j``) of the
@@ -71,11 +75,13 @@ class Dense(_Spec):
 class AShape(_Spec):
     sink: int = 128
     window: int = 4096
+    exact: bool = False
     kind: ClassVar[str] = "a_shape"
 
     def __post_init__(self) -> None:
         _int("AShape.sink", self.sink, 0)
         _int("AShape.window", self.window, 1)
+        _bool("AShape.exact", self.exact)
 
 
 @dataclass(frozen=True)

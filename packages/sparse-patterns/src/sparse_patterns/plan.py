@@ -42,6 +42,18 @@ class ExactVerticalHeads:
 
 
 @dataclass(frozen=True)
+class ExactAShapeHeads:
+    """``AShape(exact=True)`` heads of one ``(sink, window)``, run by
+    ``sparse_kernels.triangle_attention(..., sink, window, last=0)``: key ``j`` for query ``i``
+    iff ``j <= i`` and (``j < sink`` or ``i - j < window``), with no block rounding.
+    ``heads``: the layer's head numbers (ascending)."""
+
+    heads: tuple[int, ...]
+    sink: int
+    window: int
+
+
+@dataclass(frozen=True)
 class BlockPlan:
     """Kernel inputs for ``[B, H]`` heads (see module docstring).
 
@@ -53,6 +65,8 @@ class BlockPlan:
     ``exact_lists``: False for an execution-only plan (``plan_layer(...,
     exact_vertical_lists=False)``), whose exact-vertical heads have empty block lists; its
     metrics (``computed_blocks``, ``density``, ``row_mask``) raise.
+    ``exact_a_shape``: A-shape heads attended exactly by ``triangle_attention`` (see
+    :class:`ExactAShapeHeads`); left out of the block-sparse launch like the exact-vertical ones.
     ``kv_runs``: ``(runs, step)`` when the planner knows which key blocks of ``kv_perm`` are
     runs: ``runs`` int32 ``[B, H, NKB]`` equal to ``sparse_kernels.permuted.kv_block_runs(
     kv_perm, block, step)`` and ``step`` int64 ``[B, H]``, or the int 1 for every head; None:
@@ -69,6 +83,11 @@ class BlockPlan:
     exact_vertical: tuple[ExactVerticalHeads, ...] = ()
     exact_lists: bool = True
     kv_runs: tuple[torch.Tensor, torch.Tensor | int] | None = None
+    exact_a_shape: tuple[ExactAShapeHeads, ...] = ()
+
+    @property
+    def _exact_parts(self) -> tuple:
+        return (*self.exact_vertical, *self.exact_a_shape)
 
     def _need_lists(self, what: str) -> None:
         if not self.exact_lists:
@@ -129,6 +148,10 @@ class BlockPlan:
             cols.scatter_(-1, part.vertical.long(), True)
             hs = list(part.heads)
             colp[:, hs] |= cols[:, :, None, :]
+        j = torch.arange(S, device=dev)
+        for part in self.exact_a_shape:
+            em = (j[None, :] < part.sink) | (rows[:, None] - j[None, :] < part.window)
+            colp[:, list(part.heads)] = em
         return colp & causal
 
     def to_block_mask(self):
@@ -141,6 +164,11 @@ class BlockPlan:
             raise NotImplementedError(
                 "to_block_mask: the plan has Vertical-Slash heads with exact_verticals=True; "
                 "their columns are not blocks, run it with BlockPlan.run"
+            )
+        if self.exact_a_shape:
+            raise NotImplementedError(
+                "to_block_mask: the plan has A-shape heads with exact=True; their window is not "
+                "blocks, run it with BlockPlan.run"
             )
         if self.q_perm is not None or self.kv_perm is not None:
             ar = torch.arange(self.S, device=self.kv_block_counts.device, dtype=torch.int32)
@@ -186,9 +214,9 @@ class BlockPlan:
         from sparse_kernels.permuted import split_run_blocks
 
         counts = self.kv_block_counts
-        if self.exact_vertical and self.exact_lists:
+        if self._exact_parts and self.exact_lists:
             counts = counts.clone()
-            for part in self.exact_vertical:
+            for part in self._exact_parts:
                 counts[:, heads_index(list(part.heads), counts.device)] = 0
         if self.kv_perm is None:
             return self.kv_block_indices, counts, None
@@ -214,43 +242,43 @@ class BlockPlan:
         return runs, (1 if all_one else step)
 
     def run(self, q, k, v, *, scale: float | None = None, impl: str = "auto"):
-        """Execute with ``sparse_kernels.permuted_block_sparse_attention`` (one launch), plus one
-        ``sparse_kernels.vertical_slash_attention`` launch per group of exact-vertical heads."""
-        from sparse_kernels import permuted_block_sparse_attention, vertical_slash_attention
-
-        idx, counts, runs = self._launch_lists
-        res = permuted_block_sparse_attention(
-            q,
-            k,
-            v,
-            kv_block_indices=idx,
-            kv_block_counts=counts,
-            kv_run_starts=runs[0] if runs else None,
-            kv_run_counts=runs[1] if runs else None,
-            kv_run_step=runs[2] if runs else 1,
-            q_perm=self.q_perm,
-            kv_perm=self.kv_perm,
-            block_m=self.block,
-            block_n=self.block,
-            causal=True,
-            scale=scale,
-            impl=impl,
+        """Execute with ``sparse_kernels.permuted_block_sparse_attention`` (one launch, left out
+        when exact heads are all there is), plus one ``sparse_kernels.vertical_slash_attention``
+        launch per group of exact-vertical heads and one ``sparse_kernels.triangle_attention``
+        launch per group of exact A-shape heads."""
+        from sparse_kernels import (
+            AttentionOutput,
+            permuted_block_sparse_attention,
+            triangle_attention,
+            vertical_slash_attention,
         )
-        G = q.shape[1] // k.shape[1]
-        dev = q.device
+
+        B, H, S, _ = q.shape
+        if sum(len(p.heads) for p in self._exact_parts) == H:
+            res = AttentionOutput(
+                torch.empty_like(q), torch.empty(B, H, S, dtype=torch.float32, device=q.device)
+            )
+        else:
+            idx, counts, runs = self._launch_lists
+            res = permuted_block_sparse_attention(
+                q,
+                k,
+                v,
+                kv_block_indices=idx,
+                kv_block_counts=counts,
+                kv_run_starts=runs[0] if runs else None,
+                kv_run_counts=runs[1] if runs else None,
+                kv_run_step=runs[2] if runs else 1,
+                q_perm=self.q_perm,
+                kv_perm=self.kv_perm,
+                block_m=self.block,
+                block_n=self.block,
+                causal=True,
+                scale=scale,
+                impl=impl,
+            )
         for part in self.exact_vertical:
-            hs = list(part.heads)
-            at = heads_index(hs, dev)  # a slice, or an index copied without blocking
-            kv = [h // G for h in hs]
-            uniq = sorted(set(kv))
-            per = len(hs) // len(uniq)
-            if len(hs) % len(uniq) == 0 and all(kv[i] == uniq[i // per] for i in range(len(hs))):
-                # Same number of heads from each KV head, in order: GQA without copying K/V
-                # (unless only some KV heads are used).
-                sel = heads_index(uniq, dev) if uniq != list(range(k.shape[1])) else slice(None)
-                ks, vs = k[:, sel], v[:, sel]
-            else:
-                ks, vs = k[:, heads_index(kv, dev)], v[:, heads_index(kv, dev)]
+            at, ks, vs = _head_subset(part.heads, q, k, v)
             # The planner's indices are in range and strictly ascending by construction: no
             # content checks (six host reads).
             part_res = vertical_slash_attention(
@@ -259,7 +287,32 @@ class BlockPlan:
             )  # fmt: skip
             res.out[:, at] = part_res.out
             res.lse[:, at] = part_res.lse
+        for part in self.exact_a_shape:
+            at, ks, vs = _head_subset(part.heads, q, k, v)
+            part_res = triangle_attention(
+                q[:, at], ks, vs, sink=part.sink, window=part.window, last=0, scale=scale,
+                impl=impl,
+            )  # fmt: skip
+            res.out[:, at] = part_res.out
+            res.lse[:, at] = part_res.lse
         return res
+
+
+def _head_subset(heads: tuple[int, ...], q, k, v):
+    """``(at, k_sub, v_sub)`` for query heads ``heads``: ``q[:, at]`` with the K/V heads they
+    read, GQA kept without copying K/V where the heads take the same number from each KV head
+    in order (unless only some KV heads are used)."""
+    G = q.shape[1] // k.shape[1]
+    dev = q.device
+    hs = list(heads)
+    at = heads_index(hs, dev)  # a slice, or an index copied without blocking
+    kv = [h // G for h in hs]
+    uniq = sorted(set(kv))
+    per = len(hs) // len(uniq)
+    if len(hs) % len(uniq) == 0 and all(kv[i] == uniq[i // per] for i in range(len(hs))):
+        sel = heads_index(uniq, dev) if uniq != list(range(k.shape[1])) else slice(None)
+        return at, k[:, sel], v[:, sel]
+    return at, k[:, heads_index(kv, dev)], v[:, heads_index(kv, dev)]
 
 
 def best_block_runs(

@@ -25,6 +25,7 @@ Memory: recall is computed over chunks of query rows (``metrics.recall_many``); 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -75,15 +76,23 @@ def _scaled(x: int, S: int, lo: int) -> int:
 
 
 def table3_candidates(
-    S: int, *, tokens_per_frame: int | None = None, scale_to_length: bool = True
+    S: int,
+    *,
+    tokens_per_frame: int | None = None,
+    scale_to_length: bool = True,
+    exact_a_shape: bool = False,
 ) -> list[HeadConfig]:
     """Table 3 as HeadConfigs (No-Boundary). With ``scale_to_length`` the token counts of
     A-shape and Vertical-Slash are scaled from the paper's 25K calibration to ``S``. Grid
-    entries: the frame stride (``tokens_per_frame``) when known, and a searched stride."""
+    entries: the frame stride (``tokens_per_frame``) when known, and a searched stride.
+    ``exact_a_shape``: the A-shape entries as ``AShape(exact=True)`` (no block rounding, run by
+    ``triangle_attention``)."""
     f = (lambda x, lo: _scaled(x, S, lo)) if scale_to_length else (lambda x, lo: x)
     out: list[HeadConfig] = []
     for sink, local in _TABLE3_ASHAPE:
-        out.append(HeadConfig(AShape(sink=f(sink, 4), window=f(local, 64))))
+        out.append(
+            HeadConfig(AShape(sink=f(sink, 4), window=f(local, 64), exact=bool(exact_a_shape)))
+        )
     for nv, ns in _TABLE3_VS:
         out.append(HeadConfig(VerticalSlash(n_vertical=f(nv, 8), n_slash=f(ns, 8))))
     strides = [tokens_per_frame, None] if tokens_per_frame else [None]
@@ -91,6 +100,16 @@ def table3_candidates(
         for h, vl, sl in _GRID_FLAGS:
             out.append(HeadConfig(Grid(stride=st, use_hline=h, use_vline=vl, use_slash=sl)))
     return out
+
+
+def _block_rounded(pattern):
+    """``pattern`` with its exact execution flag off (``AShape.exact``,
+    ``VerticalSlash.exact_verticals``), the form that boundaries support."""
+    if isinstance(pattern, AShape) and pattern.exact:
+        return dataclasses.replace(pattern, exact=False)
+    if isinstance(pattern, VerticalSlash) and pattern.exact_verticals:
+        return dataclasses.replace(pattern, exact_verticals=False)
+    return pattern
 
 
 def default_budget_pattern(S: int) -> AShape:
@@ -246,11 +265,12 @@ def search_layer(
         ok = [r for r in results if isinstance(r[0].pattern, (VerticalSlash, AShape, Grid))]
         score = [float(torch.where(r[2] <= budget, r[3][1].mean(0), -1.0).mean()) for r in ok]
         best = [ok[i][0] for i in sorted(range(len(ok)), key=lambda i: -score[i])[:boundary_top]]
-        extra = [HeadConfig(b.pattern, QBoundary()) for b in best]
+        # Boundaries run in the block-sparse launch: exact A-shape / exact-vertical patterns
+        # take their block-rounded form there.
+        bounded = [_block_rounded(b.pattern) for b in best]
+        extra = [HeadConfig(p, QBoundary()) for p in bounded]
         # 2D-Boundary has no Grid variant.
-        extra += [
-            HeadConfig(b.pattern, TwoDBoundary()) for b in best if not isinstance(b.pattern, Grid)
-        ]
+        extra += [HeadConfig(p, TwoDBoundary()) for p in bounded if not isinstance(p, Grid)]
         results += evaluate(extra)
     # 3. inter-modality: per head argmin of output error among affordable candidates
     out_rec = torch.stack([r[3][1].mean(0) for r in results])  # [C, H]
@@ -338,6 +358,8 @@ def search_config(
         num_heads = num_heads or cfg.num_attention_heads
     found: dict[int, tuple[HeadConfig, ...]] = {}
     infos: dict[str, dict] = {}
+    # One cost table for every layer: each candidate is timed once per search, not per layer.
+    search_kwargs.setdefault("cost_table", CostTable())
     for li, q, k, v in items:
         chosen, info = search_layer(q, k, v, layout, **search_kwargs)
         found[int(li)] = chosen

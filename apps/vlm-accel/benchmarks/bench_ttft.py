@@ -10,9 +10,12 @@ Layout: 64 text tokens, the video (256 tokens per frame: 448x448 frames after th
 Methods:
 - ``dense``: HF SDPA attention under the cuDNN backend.
 - ``mminference``: every layer runs ``sparse_patterns.plan_layer`` + ``BlockPlan.run`` with a
-  fixed head mix (random weights make a search meaningless): per KV group of 7 heads, 4 Grid
-  (stride = tokens per frame), 2 Vertical-Slash (`--exact-verticals`: columns not rounded to
-  blocks, MInference's kernel), 1 A-shape.
+  fixed head mix: per KV group of 7 heads, 4 Grid (stride = tokens per frame), 2 Vertical-Slash
+  (`--exact-verticals`: columns not rounded to blocks, MInference's kernel), 1 A-shape
+  (`--exact-a-shape`: no block rounding, ``triangle_attention``). Or, with ``--search-tokens N``,
+  the config the offline search finds on a calibration prefill of N tokens of this same model
+  (on random weights attention is nearly uniform, so the search picks the pattern that covers
+  the most keys within its budget), or a saved config with ``--config``.
 - ``mminference+trianglemix``: the same below layer 14, triangle attention from it
   (sink 128, window 4096, last 128; last layer last-row only as in triangle_mix).
 

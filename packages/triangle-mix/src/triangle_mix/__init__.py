@@ -2,7 +2,7 @@
 
 from .policy import KINDS, DynamicAttention, LayerPolicy
 from .probe import ProbeResult, plot_probe, probe_start_layer, suggest_start_layer
-from .prompts import KVSample, kv_retrieval_prompt
+from .prompts import KVSample, kv_retrieval_prompt, kv_short_prompt
 
 __all__ = [
     "KINDS",
@@ -11,6 +11,7 @@ __all__ = [
     "LayerPolicy",
     "ProbeResult",
     "kv_retrieval_prompt",
+    "kv_short_prompt",
     "plot_probe",
     "probe_start_layer",
     "suggest_start_layer",

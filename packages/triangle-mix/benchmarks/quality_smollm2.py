@@ -210,12 +210,13 @@ def run_passkey(model, tok, log, policies, lengths, counts):
                     f.write(json.dumps(row) + "\n")
 
 
-def run_kv_short(model, tok, log, policies, lengths, counts, n_pairs):
-    """:func:`kv_short` at each target length (``count`` seeds per length), a row per
-    (policy, length, seed), as :func:`run_passkey` writes them."""
+def run_kv_short(model, tok, log, policies, lengths, counts, n_pairs, seed_start=0):
+    """:func:`kv_short` at each target length (``count`` seeds per length from ``seed_start``:
+    a later run on fresh prompts starts past the seeds already used), a row per (policy,
+    length, seed), as :func:`run_passkey` writes them."""
     for length, n in zip(lengths, counts, strict=True):
         n_filler = kv_short_filler_for_tokens(tok, length, n_pairs=n_pairs)
-        for seed in range(n):
+        for seed in range(seed_start, seed_start + n):
             for name, pol in policies.items():
                 t = time.time()
                 ok, n_tok, text = kv_short(model, tok, pol, n_filler, 6151 * length + seed, n_pairs)
@@ -400,6 +401,12 @@ def main_v2(argv=None) -> bool:
     ap.add_argument("--kv-short-lengths", default="2000,4000,8000")
     ap.add_argument("--kv-short-counts", default="34,33,33")
     ap.add_argument("--kv-short-pairs", type=int, default=20, help="key-value pairs per prompt")
+    ap.add_argument(
+        "--kv-short-seed-start",
+        type=int,
+        default=0,
+        help="first seed per length; each length runs its count of seeds from there",
+    )
     a = ap.parse_args(argv)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -443,7 +450,8 @@ def main_v2(argv=None) -> bool:
         if "kv-short" in stages:
             run_kv_short(model, tok, out / "quality.jsonl", pols,
                          [int(x) for x in a.kv_short_lengths.split(",")],
-                         [int(x) for x in a.kv_short_counts.split(",")], a.kv_short_pairs)  # fmt: skip
+                         [int(x) for x in a.kv_short_counts.split(",")], a.kv_short_pairs,
+                         a.kv_short_seed_start)  # fmt: skip
     return True
 
 

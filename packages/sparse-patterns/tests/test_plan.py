@@ -653,19 +653,26 @@ def _triton_available() -> bool:
     return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _six_head_inputs(impl: str, seed: int):
+    """``(device, q [2, 6, 300, 32], k, v [2, 2, 300, 32])``, seeded; skips the Triton case
+    where it cannot run."""
+    if impl == "triton" and not _triton_available():
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, h, 300, 32, generator=g).to(dev) for h in (6, 2, 2))
+    return dev, q, k, v
+
+
 @pytest.mark.parametrize("impl", ["reference", "triton"])
 def test_exact_vertical_heads_run_the_minference_set(impl):
     """VerticalSlash(exact_verticals=True) heads: grouped by their counts into their own
     launches, their executed set is exactly sparse_kernels' vertical-slash set (columns not
     rounded), the rest of the layer is unchanged, and the output is attention over row_mask."""
-    if impl == "triton" and not _triton_available():
-        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
     from sparse_kernels.vertical_slash import vertical_slash_mask
 
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    g = torch.Generator().manual_seed(4)
-    B, H, H_KV, S, D = 2, 6, 2, 300, 32
-    q, k, v = (torch.randn(B, h, S, D, generator=g).to(dev) for h in (H, H_KV, H_KV))
+    dev, q, k, v = _six_head_inputs(impl, seed=4)
+    B, H, S, D = q.shape
     ex = VerticalSlash(n_vertical=10, n_slash=8, exact_verticals=True)
     cfgs = [
         HeadConfig(ex),
@@ -728,12 +735,8 @@ def test_exact_a_shape_heads_run_the_triangle_set(impl):
     """AShape(exact=True) heads: grouped by (sink, window) into triangle_attention launches, their
     executed set is exactly sink + window + causal (no block rounding), the other heads are as
     in a plan without them, and the output is attention over row_mask."""
-    if impl == "triton" and not _triton_available():
-        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    g = torch.Generator().manual_seed(6)
-    B, H, H_KV, S, D = 2, 6, 2, 300, 32
-    q, k, v = (torch.randn(B, h, S, D, generator=g).to(dev) for h in (H, H_KV, H_KV))
+    dev, q, k, v = _six_head_inputs(impl, seed=6)
+    B, H, S, D = q.shape
     ex = AShape(sink=5, window=70, exact=True)
     cfgs = [
         HeadConfig(ex),

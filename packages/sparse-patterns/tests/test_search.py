@@ -168,22 +168,34 @@ def test_search_25k_tokens_without_an_s_by_s_matrix():
     assert all(isinstance(c.pattern, Grid) for c in chosen)
 
 
+def _mixed_layer_cuda():
+    q, k, v, lay = _mixed_layer()
+    return (
+        q.cuda().half(),
+        k.cuda().half(),
+        v.cuda().half(),
+        TokenLayout(lay.modality.cuda(), tokens_per_frame=32),
+    )
+
+
+def _search_cuda(q, k, v, lay, table):
+    return search_layer(
+        q, k, v, lay, candidates=CANDS, budget_pattern=AShape(sink=64, window=224), block=32,
+        cost_table=table,
+    )  # fmt: skip
+
+
 @pytest.mark.gpu
 def test_search_measures_kernel_cost_on_gpu_and_caches_it(tmp_path):
     from sparse_patterns import CostTable
 
-    q, k, v, lay = _mixed_layer()
-    q, k, v = q.cuda().half(), k.cuda().half(), v.cuda().half()
-    lay = TokenLayout(lay.modality.cuda(), tokens_per_frame=32)
+    q, k, v, lay = _mixed_layer_cuda()
     table = CostTable(tmp_path / "costs.json")
-    kw = dict(
-        candidates=CANDS, budget_pattern=AShape(sink=64, window=224), block=32, cost_table=table
-    )
-    chosen, info = search_layer(q, k, v, lay, **kw)
+    chosen, info = _search_cuda(q, k, v, lay, table)
     assert info["cost_model"] == "measured_estimation_plus_kernel_ms"
     n = len(CostTable(tmp_path / "costs.json").table)
     assert n == info["n_candidates"] + 1  # every candidate + the budget pattern, timed once
-    chosen2, _ = search_layer(q, k, v, lay, **kw)
+    chosen2, _ = _search_cuda(q, k, v, lay, table)
     assert len(CostTable(tmp_path / "costs.json").table) == n
     assert all(c.pattern.kind in ("grid", "vertical_slash", "a_shape") for c in chosen + chosen2)
 
@@ -204,14 +216,9 @@ def test_measured_cost_is_estimation_plus_kernel(monkeypatch):
         return 10.0 if kind == "estimate" else 1.0
 
     monkeypatch.setattr(search_mod, "_time_ms", fake)
-    q, k, v, lay = _mixed_layer()
-    q, k, v = q.cuda().half(), k.cuda().half(), v.cuda().half()
-    lay = TokenLayout(lay.modality.cuda(), tokens_per_frame=32)
+    q, k, v, lay = _mixed_layer_cuda()
     table = CostTable()
-    _, info = search_layer(
-        q, k, v, lay, candidates=CANDS, budget_pattern=AShape(sink=64, window=224), block=32,
-        cost_table=table,
-    )  # fmt: skip
+    _, info = _search_cuda(q, k, v, lay, table)
     n = info["n_candidates"] + 1
     assert calls == {"estimate": 2 * n, "kernel": n}
     assert sorted(table.table.values()) == [11.0] * n
@@ -226,10 +233,7 @@ def test_measured_cost_is_estimation_plus_kernel(monkeypatch):
 
     monkeypatch.setattr(search_mod, "plan_layer", recording_plan_layer)
     table.put(search_mod._cost_key(CANDS[1], q, k, 32), 1e9)
-    chosen, info = search_layer(
-        q, k, v, lay, candidates=CANDS, budget_pattern=AShape(sink=64, window=224), block=32,
-        cost_table=table,
-    )  # fmt: skip
+    chosen, info = _search_cuda(q, k, v, lay, table)
     assert info["skipped_over_budget"] == 1
     assert CANDS[1] not in planned and CANDS[0] in planned and CANDS[2] in planned
     assert not any(isinstance(c.pattern, VerticalSlash) for c in chosen)
@@ -257,14 +261,9 @@ def test_an_estimation_over_budget_is_timed_once_and_its_kernel_never(monkeypatc
 
     monkeypatch.setattr(search_mod, "plan_layer", recording_plan_layer)
     monkeypatch.setattr(search_mod, "_time_ms", fake)
-    q, k, v, lay = _mixed_layer()
-    q, k, v = q.cuda().half(), k.cuda().half(), v.cuda().half()
-    lay = TokenLayout(lay.modality.cuda(), tokens_per_frame=32)
+    q, k, v, lay = _mixed_layer_cuda()
     table = CostTable()
-    chosen, _ = search_layer(
-        q, k, v, lay, candidates=CANDS, budget_pattern=AShape(sink=64, window=224), block=32,
-        cost_table=table,
-    )  # fmt: skip
+    chosen, _ = _search_cuda(q, k, v, lay, table)
     assert calls.count(("estimate", True)) == 1
     assert table.get(search_mod._cost_key(CANDS[1], q, k, 32)) == 100.0
     assert not any(isinstance(c.pattern, VerticalSlash) for c in chosen)

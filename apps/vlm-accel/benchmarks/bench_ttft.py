@@ -309,12 +309,9 @@ def search(model, dims: dict, tokens: int, *, device: str, dtype, eval_rows: int
               f"({info['skipped_over_budget']} of {info['n_candidates']} candidates skipped, "
               f"known over budget)", flush=True)  # fmt: skip
 
-    from sparse_patterns import table3_candidates
-
-    cands = table3_candidates(tokens, tokens_per_frame=dims["tpf"],
-                              exact_a_shape=bool(dims.get("exact_a_shape", False)))  # fmt: skip
     cfg = search_config(model, inputs, _layout(tokens, dims["tpf"], device), model_id=MODEL_ID,
-                        n_eval_rows=eval_rows, progress=progress, candidates=cands)  # fmt: skip
+                        n_eval_rows=eval_rows, progress=progress,
+                        exact_a_shape=bool(dims.get("exact_a_shape", False)))  # fmt: skip
     cfg.metadata["calibration_tokens"] = tokens
     cfg.metadata["search_s"] = round(time.perf_counter() - t0, 1)
     cfg.metadata["qk_bias_norm"] = dims.get("qk_bias_norm")

@@ -75,6 +75,30 @@ def test_search_then_show_and_run_mminference(tmp_path, capsys):
     )
 
 
+def test_search_exact_a_shape_reaches_the_search_and_the_config_runs(tmp_path, monkeypatch):
+    """``search --exact-a-shape`` hands ``exact_a_shape=True`` to the search, whose A-shape
+    heads without a boundary are then AShape(exact=True); ``run`` executes the config."""
+    import sparse_patterns
+
+    seen = {}
+    real = sparse_patterns.search_config
+
+    def recording(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sparse_patterns, "search_config", recording)
+    cfg = tmp_path / "cfg.json"
+    assert main(["search", *BASE, "--exact-a-shape", "--out", str(cfg)]) == EXIT_OK
+    assert seen["exact_a_shape"] is True
+    heads = [h for layer in json.loads(cfg.read_text())["layers"] for h in layer]
+    plain = [h["pattern"] for h in heads
+             if h["pattern"]["kind"] == "a_shape" and h["boundary"]["kind"] == "none"]  # fmt: skip
+    assert plain and all(p["exact"] for p in plain)
+    args = ["run", *BASE, "--method", "mminference", "--config", str(cfg), "--max-new-tokens", "2"]
+    assert main(args) == EXIT_OK
+
+
 def test_chunked_mlp_is_exact():
     model = engine.tiny_demo_model()
     inputs, layout = engine.video_inputs(model, None, CLIP, "q", frames=4, max_pixels=12544)

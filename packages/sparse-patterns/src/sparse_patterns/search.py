@@ -180,6 +180,7 @@ def search_layer(
     cost: str = "auto",
     cost_table: CostTable | None = None,
     min_output_recall: float | None = None,
+    exact_a_shape: bool = False,
 ) -> tuple[tuple[HeadConfig, ...], dict]:
     """Search one layer from its calibration ``q [1, H, S, D]``, ``k``, ``v``.
 
@@ -188,6 +189,9 @@ def search_layer(
     the paper; ``None`` = off) puts accuracy before the budget: a head whose choice recalls less
     gets the cheapest candidate that reaches the floor even over budget (``"over_budget"`` in
     its info), or ``Dense`` when no candidate does (``"dense_fallback"``).
+
+    ``exact_a_shape``: with the default candidates, the A-shape entries as
+    ``AShape(exact=True)`` (see :func:`table3_candidates`); ignored when ``candidates`` is given.
 
     Returns the chosen HeadConfig per query head and info (per-head output recall, mass
     recall, cost, budget, cost model).
@@ -207,7 +211,9 @@ def search_layer(
     lay = as_token_layout(layout, S, q.device)
     scale = D**-0.5
     if candidates is None:
-        candidates = table3_candidates(S, tokens_per_frame=lay.tokens_per_frame)
+        candidates = table3_candidates(
+            S, tokens_per_frame=lay.tokens_per_frame, exact_a_shape=exact_a_shape
+        )
     budget_pattern = budget_pattern or default_budget_pattern(S)
     table = cost_table or CostTable()
     rows = eval_rows(S, n_eval_rows, q.device)

@@ -51,43 +51,48 @@ def _dense(q, k, v):
         )
 
 
+def _length_rows(name: str, repeat: int) -> list[dict]:
+    S = LENGTHS[name]
+    g = torch.Generator("cuda").manual_seed(S)
+    q = torch.randn(1, 28, S, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, 4, S, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, 4, S, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    dense_ms = _time(lambda: _dense(q, k, v), repeat)
+    rows = []
+    for sink, window in SHAPES:
+        row = {"length": name, "S": S, "sink": sink, "window": window, "dense_ms": dense_ms}
+        outs = {}
+        for exact in (False, True):
+            hc = HeadConfig(AShape(sink=sink, window=window, exact=exact))
+            key = "exact" if exact else "rounded"
+
+            def plan(hc=hc):
+                return plan_layer(q, k, hc, None, exact_vertical_lists=False)
+
+            p = plan()
+            row[f"{key}_plan_ms"] = _time(plan, repeat)
+            row[f"{key}_run_ms"] = _time(lambda p=p: p.run(q, k, v), repeat)
+            outs[key] = p.run(q, k, v).out[:, :, -256:].float()
+        a, b = outs["rounded"], outs["exact"]
+        row["last_rows_rel_diff"] = float((a - b).norm() / b.norm())
+        row["run_speedup_exact_vs_rounded"] = row["rounded_run_ms"] / row["exact_run_ms"]
+        row["exact_vs_dense"] = dense_ms / (row["exact_plan_ms"] + row["exact_run_ms"])
+        row["rounded_vs_dense"] = dense_ms / (row["rounded_plan_ms"] + row["rounded_run_ms"])
+        print(
+            f"{name} A-shape({sink}, {window}): rounded {row['rounded_run_ms']:.2f} ms "
+            f"(+ plan {row['rounded_plan_ms']:.2f}), exact {row['exact_run_ms']:.2f} ms "
+            f"(+ plan {row['exact_plan_ms']:.2f}), dense {dense_ms:.2f} ms; exact "
+            f"{row['run_speedup_exact_vs_rounded']:.2f}x the rounded kernel",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
 def run(lengths: list[str], repeat: int) -> list[dict]:
     rows = []
     for name in lengths:
-        S = LENGTHS[name]
-        g = torch.Generator("cuda").manual_seed(S)
-        q = torch.randn(1, 28, S, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-        k = torch.randn(1, 4, S, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-        v = torch.randn(1, 4, S, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-        dense_ms = _time(lambda q=q, k=k, v=v: _dense(q, k, v), repeat)
-        for sink, window in SHAPES:
-            row = {"length": name, "S": S, "sink": sink, "window": window, "dense_ms": dense_ms}
-            outs = {}
-            for exact in (False, True):
-                hc = HeadConfig(AShape(sink=sink, window=window, exact=exact))
-                key = "exact" if exact else "rounded"
-
-                def plan(hc=hc):
-                    return plan_layer(q, k, hc, None, exact_vertical_lists=False)
-
-                p = plan()
-                row[f"{key}_plan_ms"] = _time(plan, repeat)
-                row[f"{key}_run_ms"] = _time(lambda p=p: p.run(q, k, v), repeat)
-                outs[key] = p.run(q, k, v).out[:, :, -256:].float()
-            a, b = outs["rounded"], outs["exact"]
-            row["last_rows_rel_diff"] = float((a - b).norm() / b.norm())
-            row["run_speedup_exact_vs_rounded"] = row["rounded_run_ms"] / row["exact_run_ms"]
-            row["exact_vs_dense"] = dense_ms / (row["exact_plan_ms"] + row["exact_run_ms"])
-            row["rounded_vs_dense"] = dense_ms / (row["rounded_plan_ms"] + row["rounded_run_ms"])
-            print(
-                f"{name} A-shape({sink}, {window}): rounded {row['rounded_run_ms']:.2f} ms "
-                f"(+ plan {row['rounded_plan_ms']:.2f}), exact {row['exact_run_ms']:.2f} ms "
-                f"(+ plan {row['exact_plan_ms']:.2f}), dense {dense_ms:.2f} ms; exact "
-                f"{row['run_speedup_exact_vs_rounded']:.2f}x the rounded kernel",
-                flush=True,
-            )
-            rows.append(row)
-        del q, k, v
+        rows += _length_rows(name, repeat)
         torch.cuda.empty_cache()
     return rows
 

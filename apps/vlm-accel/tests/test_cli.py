@@ -75,28 +75,33 @@ def test_search_then_show_and_run_mminference(tmp_path, capsys):
     )
 
 
-def test_search_exact_a_shape_reaches_the_search_and_the_config_runs(tmp_path, monkeypatch):
-    """``search --exact-a-shape`` hands ``exact_a_shape=True`` to the search, whose A-shape
-    heads without a boundary are then AShape(exact=True); ``run`` executes the config."""
+def test_search_a_shape_is_exact_unless_block_rounded_is_asked(tmp_path, monkeypatch):
+    """``search`` hands ``exact_a_shape=True`` to the search by default, whose A-shape heads
+    without a boundary are then AShape(exact=True), and ``run`` executes that config;
+    ``--block-rounded-a-shape`` hands ``False``."""
     import sparse_patterns
 
-    seen = {}
+    seen = []
     real = sparse_patterns.search_config
 
     def recording(*args, **kwargs):
-        seen.update(kwargs)
+        seen.append(kwargs["exact_a_shape"])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(sparse_patterns, "search_config", recording)
     cfg = tmp_path / "cfg.json"
-    assert main(["search", *BASE, "--exact-a-shape", "--out", str(cfg)]) == EXIT_OK
-    assert seen["exact_a_shape"] is True
+    assert main(["search", *BASE, "--out", str(cfg)]) == EXIT_OK
     heads = [h for layer in json.loads(cfg.read_text())["layers"] for h in layer]
     plain = [h["pattern"] for h in heads
              if h["pattern"]["kind"] == "a_shape" and h["boundary"]["kind"] == "none"]  # fmt: skip
     assert plain and all(p["exact"] for p in plain)
     args = ["run", *BASE, "--method", "mminference", "--config", str(cfg), "--max-new-tokens", "2"]
     assert main(args) == EXIT_OK
+    rounded = tmp_path / "rounded.json"
+    assert main(["search", *BASE, "--block-rounded-a-shape", "--out", str(rounded)]) == EXIT_OK
+    assert seen == [True, False]
+    heads = [h for layer in json.loads(rounded.read_text())["layers"] for h in layer]
+    assert not any(h["pattern"].get("exact") for h in heads)
 
 
 def test_chunked_mlp_is_exact():

@@ -136,14 +136,15 @@ def test_search_config_from_a_tensor_provider(tmp_path):
 def test_table3_candidates():
     c = table3_candidates(25_000, tokens_per_frame=196)
     assert len(c) == 3 + 9 + 12
-    assert c[0].pattern == AShape(sink=128, window=1024)
+    assert c[0].pattern == AShape(sink=128, window=1024, exact=True)
     assert c[3].pattern == VerticalSlash(n_vertical=1000, n_slash=1024)
     assert c[12].pattern == Grid(stride=196, use_hline=True, use_vline=False, use_slash=False)
     small = table3_candidates(2500)
     assert small[3].pattern.n_vertical == 100 and len(small) == 3 + 9 + 6
-    ex = table3_candidates(25_000, tokens_per_frame=196, exact_a_shape=True)
-    assert [h.pattern for h in ex[:3]] == [AShape(128, w, exact=True) for w in (1024, 2048, 4096)]
-    assert ex[3:] == c[3:]
+    rounded = table3_candidates(25_000, tokens_per_frame=196, exact_a_shape=False)
+    assert [h.pattern for h in rounded[:3]] == [AShape(128, w) for w in (1024, 2048, 4096)]
+    assert [h.pattern for h in c[:3]] == [AShape(128, w, exact=True) for w in (1024, 2048, 4096)]
+    assert rounded[3:] == c[3:]
 
 
 @pytest.mark.slow

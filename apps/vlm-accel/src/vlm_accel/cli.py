@@ -149,7 +149,7 @@ def cmd_search(args) -> int:
     with use_layout(layout):
         cfg = search_config(layers_with_bar, inputs, layout, model_id=args.model_id or str(args.model),
                             num_layers=n_layers, num_heads=lm.config.num_attention_heads,
-                            exact_a_shape=args.exact_a_shape)  # fmt: skip
+                            exact_a_shape=not args.block_rounded_a_shape)  # fmt: skip
     _write_atomic(Path(args.out), cfg.to_json())
     print(f"wrote {args.out}: {cfg.num_layers} layers x {cfg.num_heads} heads")
     return EXIT_OK
@@ -352,10 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="output config JSON")
     s.add_argument("--model-id", help="model id stored in the config (default: --model)")
     s.add_argument(
-        "--exact-a-shape",
+        "--block-rounded-a-shape",
         action="store_true",
-        help="A-shape candidates without block rounding (AShape(exact=True), run by "
-        "triangle_attention: faster on a GPU for long windows)",
+        help="A-shape candidates rounded up to 64-key blocks and run in the layer's block-sparse "
+        "launch (default: exact sink + window, run by triangle_attention, faster on a GPU)",
     )
     s.set_defaults(fn=cmd_search)
 

@@ -80,13 +80,15 @@ def table3_candidates(
     *,
     tokens_per_frame: int | None = None,
     scale_to_length: bool = True,
-    exact_a_shape: bool = False,
+    exact_a_shape: bool = True,
 ) -> list[HeadConfig]:
     """Table 3 as HeadConfigs (No-Boundary). With ``scale_to_length`` the token counts of
     A-shape and Vertical-Slash are scaled from the paper's 25K calibration to ``S``. Grid
     entries: the frame stride (``tokens_per_frame``) when known, and a searched stride.
-    ``exact_a_shape``: the A-shape entries as ``AShape(exact=True)`` (no block rounding, run by
-    ``triangle_attention``)."""
+    ``exact_a_shape``: the A-shape entries as ``AShape(exact=True)`` (default: the paper's sink +
+    local window with no block rounding, run by ``triangle_attention``; on an H100 1.1-1.3x faster
+    than the block lists of the rounded set, ``docs/benchmarks/triangle.md``), or, with ``False``,
+    block-rounded in the layer's block-sparse launch."""
     f = (lambda x, lo: _scaled(x, S, lo)) if scale_to_length else (lambda x, lo: x)
     out: list[HeadConfig] = []
     for sink, local in _TABLE3_ASHAPE:
@@ -180,7 +182,7 @@ def search_layer(
     cost: str = "auto",
     cost_table: CostTable | None = None,
     min_output_recall: float | None = None,
-    exact_a_shape: bool = False,
+    exact_a_shape: bool = True,
 ) -> tuple[tuple[HeadConfig, ...], dict]:
     """Search one layer from its calibration ``q [1, H, S, D]``, ``k``, ``v``.
 
@@ -190,8 +192,9 @@ def search_layer(
     gets the cheapest candidate that reaches the floor even over budget (``"over_budget"`` in
     its info), or ``Dense`` when no candidate does (``"dense_fallback"``).
 
-    ``exact_a_shape``: with the default candidates, the A-shape entries as
-    ``AShape(exact=True)`` (see :func:`table3_candidates`); ignored when ``candidates`` is given.
+    ``exact_a_shape``: with the default candidates, whether the A-shape entries are
+    ``AShape(exact=True)`` (default) or block-rounded (see :func:`table3_candidates`); ignored when
+    ``candidates`` is given.
 
     Returns the chosen HeadConfig per query head and info (per-head output recall, mass
     recall, cost, budget, cost model).

@@ -27,7 +27,9 @@ Run (one GPU; a 1M dense prefill takes minutes, so give lengths per call if a ca
 
 ``--smoke`` runs the same code on the CPU at a tiny shape (a dry run of the logic, not a result).
 Output JSON: one row per (length, method): ``ttft_s`` (median of ``--repeat`` timed prefills after
-one warm-up), ``parts_ms`` (attention, estimation, mlp, other; from CUDA events in one extra
+one warm-up), ``attention_core_ms`` (the attention function alone, estimation excluded: the
+``attention`` part also counts the projections and M-RoPE of ``self_attn``),
+``parts_ms`` (attention, estimation, mlp, other; from CUDA events in one extra
 prefill), ``peak_gib``, and the environment. For 1M, where one dense prefill takes minutes,
 ``--warmup-tokens 8192 --single-pass`` warms up on a short input and times one event-timed
 prefill (TTFT and parts from the same pass). A short warm-up leaves the kernels' length-bucketed
@@ -196,6 +198,34 @@ def _hook_parts(model, timer: _Timer):
             hooks.append(mod.register_forward_pre_hook(pre))
             hooks.append(mod.register_forward_hook(post))
     return hooks
+
+
+CORE_NAME = "bench_ttft_timed_core"
+
+
+def _time_attention_core(model, timer: _Timer):
+    """Wrap the model's attention function (SDPA, or triangle_mix's) so that its calls are timed
+    as ``attention_core``: the attention itself, without the q/k/v/o projections and M-RoPE
+    that the ``attention`` part (the whole ``self_attn`` module) also counts. The same function
+    and the same mask builder run; returns the undo."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = model.config._attn_implementation
+    fn = ALL_ATTENTION_FUNCTIONS[name]
+
+    def timed(*args, **kwargs):
+        tok = timer.start("attention_core")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            timer.stop(tok)
+
+    AttentionInterface.register(CORE_NAME, timed)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(CORE_NAME, ALL_MASK_ATTENTION_FUNCTIONS[name])
+    model.set_attn_implementation(CORE_NAME)
+    return lambda: model.set_attn_implementation(name)
 
 
 def _apply(model, method: str, dims: dict, layout, timer: _Timer):
@@ -399,15 +429,19 @@ def bench(
                         _sync(device)
                         times.append(time.perf_counter() - t0)
                     hooks = _hook_parts(model, timer)
+                    undo_core = _time_attention_core(model, timer)
                     timer.on = True
                     _sync(device)
                     t0 = time.perf_counter()
-                    out = _prefill(model, embeds, pos, chunk)
-                    _sync(device)
-                    total_ms = (time.perf_counter() - t0) * 1e3
-                    timer.on = False
-                    for hk in hooks:
-                        hk.remove()
+                    try:
+                        out = _prefill(model, embeds, pos, chunk)
+                    finally:
+                        _sync(device)
+                        total_ms = (time.perf_counter() - t0) * 1e3
+                        timer.on = False
+                        undo_core()
+                        for hk in hooks:
+                            hk.remove()
                     if profile_dir is not None:
                         _profile(model, embeds, pos, chunk, Path(profile_dir), name, method)
                 except torch.OutOfMemoryError:
@@ -421,8 +455,14 @@ def bench(
                     raise RuntimeError(f"{method} at {name}: non-finite output")
                 ref = last.float() if ref is None else ref
                 parts = timer.totals_ms()
+                # The core is timed inside the attention part: kept out of the parts' sum.
+                core = parts.pop("attention_core", 0.0) - parts.get("estimation", 0.0)
                 parts["attention"] = parts.get("attention", 0.0) - parts.get("estimation", 0.0)
                 parts["other"] = total_ms - sum(parts.values())
+                # A parts pass after a separate warm-up must compute what that warm-up did.
+                parts_diff = (
+                    None if last is out else float((out.float() - last.float()).abs().max())
+                )
                 peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
             finally:
                 if handle is not None:
@@ -432,12 +472,14 @@ def bench(
                 "length": name, "tokens": S, "method": method,
                 "ttft_s": statistics.median(times), "times_s": times,
                 "parts_ms": {k: round(v, 3) for k, v in sorted(parts.items())},
+                "attention_core_ms": round(core, 3),
+                "parts_pass_max_abs_diff": parts_diff,
                 "peak_gib": peak, "last_hidden_cosine_vs_first_method": cos,
                 "warmup_tokens": warmup_tokens or S, "single_pass": single_pass,
                 "tuned_at_full_length": tune_full_length and method != "dense",
             })  # fmt: skip
             print(f"{name:>5s} {method:26s} TTFT {rows[-1]['ttft_s']:9.3f} s  parts(ms) "
-                  f"{rows[-1]['parts_ms']}", flush=True)  # fmt: skip
+                  f"{rows[-1]['parts_ms']}  attention core {core:.1f} ms", flush=True)  # fmt: skip
         del embeds, pos, layout
     for r in rows:
         base = next((x for x in rows if x["length"] == r["length"] and x["method"] == "dense"

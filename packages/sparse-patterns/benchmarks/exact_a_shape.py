@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
-from sparse_kernels.benchmarking import env_info
+from sparse_kernels.benchmarking import cuda_time_ms, cudnn_causal, env_info
 from sparse_patterns import AShape, HeadConfig, plan_layer
 
 LENGTHS = {"32K": 32768, "128K": 131072, "512K": 524288}
@@ -29,26 +28,7 @@ SHAPES = ((168, 5390), (128, 4096))  # the 128K searched config's; the fixed mix
 
 
 def _time(fn, repeat: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeat):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
-
-
-def _dense(q, k, v):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=True
-        )
+    return cuda_time_ms(fn, warmup=1, rep=repeat)
 
 
 def _length_rows(name: str, repeat: int) -> list[dict]:
@@ -57,7 +37,7 @@ def _length_rows(name: str, repeat: int) -> list[dict]:
     q = torch.randn(1, 28, S, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(1, 4, S, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn(1, 4, S, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    dense_ms = _time(lambda: _dense(q, k, v), repeat)
+    dense_ms = _time(cudnn_causal(q, k, v), repeat)
     rows = []
     for sink, window in SHAPES:
         row = {"length": name, "S": S, "sink": sink, "window": window, "dense_ms": dense_ms}

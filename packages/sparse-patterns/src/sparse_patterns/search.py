@@ -16,8 +16,8 @@ few CUDA-event timings, cached in a JSON cost table keyed by candidate, shape, d
 elsewhere the documented proxy = computed blocks of the plan (mean per head). The paper budgets
 kernel time; the estimation is counted too because a head pays for it on every prefill, and a
 pattern whose plan costs more than its kernel saves (the element-level boundary plans of static
-patterns grow as S^2) must not win on kernel time alone. The config's metadata says which was used. The budget is the cost of
-``budget_pattern`` (default: the paper's A-shape with 1K sink + 4K local at 25K tokens, scaled
+patterns grow as S^2) must not win on kernel time alone. The config's metadata says which cost
+model was used. The budget is the cost of ``budget_pattern`` (default: the paper's A-shape with 1K sink + 4K local at 25K tokens, scaled
 to the calibration length).
 
 Memory: recall is computed over chunks of query rows (``metrics.recall_many``); no S x S matrix.
@@ -221,17 +221,13 @@ def search_layer(
     table = cost_table or CostTable()
     rows = eval_rows(S, n_eval_rows, q.device)
 
-    limit: list[float | None] = [None]  # the budget, once known
-
-    def cost_of(hc: HeadConfig, plan) -> torch.Tensor:
+    def cost_of(hc: HeadConfig, plan, limit: float | None = None) -> torch.Tensor:
         if not measured:
             return plan.kv_block_counts.sum(-1).float().mean(0)  # [H] computed blocks
         key = _cost_key(hc, q, k, block)
         c = table.get(key)
         if c is None:
-            c = _measure(
-                lambda: plan_layer(q, k, hc, lay, block=block), plan, q, k, v, limit=limit[0]
-            )
+            c = _measure(lambda: plan_layer(q, k, hc, lay, block=block), plan, q, k, v, limit)
             table.put(key, c)
         return torch.full((H,), float(c), device=q.device)
 
@@ -241,7 +237,7 @@ def search_layer(
         if not measured or min_output_recall is not None:
             return None
         c = table.get(_cost_key(hc, q, k, block))
-        if c is None or c <= float(budget.max()):
+        if c is None or c <= budget_max:
             return None
         return torch.full((H,), float(c), device=q.device)
 
@@ -259,13 +255,13 @@ def search_layer(
         masks = [p.row_mask for p in plans]
         rec = recall_many(q, k, v, masks, scale=scale, rows=rows) if masks else []
         for i, p, r in zip(todo, plans, rec):
-            out[i] = (cands[i], p, cost_of(cands[i], p), r)
+            out[i] = (cands[i], p, cost_of(cands[i], p, budget_max), r)
         return out
 
     budget_hc = HeadConfig(budget_pattern)
     budget_plan = plan_layer(q, k, budget_hc, lay, block=block)
     budget = cost_of(budget_hc, budget_plan) * budget_slack  # [H]
-    limit[0] = float(budget.max())
+    budget_max = float(budget.max())
 
     # 1. intra-modality
     results = evaluate(list(candidates))

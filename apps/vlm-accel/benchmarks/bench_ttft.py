@@ -52,6 +52,7 @@ import torch
 
 LENGTHS = {"128K": 131072, "256K": 262144, "512K": 524288, "1M": 1048576}
 METHODS = ("dense", "mminference", "mminference+trianglemix")
+FUSED = "+fused"  # method suffix: RMSNorms and MLP gates through sparse_kernels.fused
 TEXT = 64
 TPF = 256
 FULL = dict(layers=28, hidden=3584, heads=28, kv_heads=4, mlp=18944, tpf=256, start=14)
@@ -233,6 +234,7 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
     from triangle_mix import LayerPolicy
     from triangle_mix.integrations.hf import apply_triangle_mix
 
+    method = split_method(method)[0]
     if method == "dense":
         return None
     config = dims.get("config")
@@ -260,13 +262,20 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
     return apply_triangle_mix(model, pol, dynamic=dynamic)
 
 
+def split_method(method: str) -> tuple[str, bool]:
+    """``"mminference+fused"`` -> ``("mminference", True)``: the attention method, and whether
+    the norms and MLP gates run fused (``vlm_accel.engine.fused_parts``)."""
+    base = method.removesuffix(FUSED)
+    return base, base != method
+
+
 def _warm_up(model, method, dims, tokens, device, dtype, timer, chunk) -> None:
     """One prefill of ``method`` at ``tokens`` tokens (its own layout): compiles and tunes the
     kernels without a full-length pass."""
     x = torch.randn(1, tokens, dims["hidden"], device=device, dtype=dtype)
     handle = _apply(model, method, dims, _layout(tokens, dims["tpf"], device), timer)
     try:
-        _prefill(model, x, _positions(tokens, dims["tpf"], device), chunk)
+        _prefill(model, x, _positions(tokens, dims["tpf"], device), chunk, split_method(method)[1])
     finally:
         if handle is not None:
             handle.remove()
@@ -287,7 +296,7 @@ def _tune_at_length(model, method, dims, embeds, pos, layout, timer, chunk) -> N
     model.layers = torch.nn.ModuleList([layers[i] for i in _layer_kinds(dims)])
     handle = _apply(model, method, dims, layout, timer)
     try:
-        _prefill(model, embeds, pos, chunk)
+        _prefill(model, embeds, pos, chunk, split_method(method)[1])
     finally:
         if handle is not None:
             handle.remove()
@@ -299,12 +308,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _prefill(model, embeds, pos, chunk: int):
+def _prefill(model, embeds, pos, chunk: int, fused: bool = False):
+    import contextlib
+
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from vlm_accel.engine import chunked_mlp
+    from vlm_accel.engine import chunked_mlp, fused_parts
 
     backends = [SDPBackend.CUDNN_ATTENTION] if embeds.is_cuda else [SDPBackend.MATH]
-    with torch.no_grad(), sdpa_kernel(backends), chunked_mlp(model, chunk):
+    fuse = fused_parts(model, impl="auto") if fused else contextlib.nullcontext()
+    with torch.no_grad(), sdpa_kernel(backends), fuse, chunked_mlp(model, chunk):
         h = model(inputs_embeds=embeds, position_ids=pos, use_cache=False).last_hidden_state
     return h[:, -1]
 
@@ -313,7 +325,7 @@ def _profile(model, embeds, pos, chunk: int, out_dir: Path, name: str, method: s
     """One more prefill under torch.profiler (GPU activity): the kernels' total times, largest
     first, to ``out_dir/profile-<length>-<method>.txt``."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        _prefill(model, embeds, pos, chunk)
+        _prefill(model, embeds, pos, chunk, split_method(method)[1])
         torch.cuda.synchronize()
     table = prof.key_averages().table(
         sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90
@@ -410,7 +422,9 @@ def bench(
             timer = _Timer(device)
             if warmup_tokens is not None:  # when a full-length warm-up pass is too long
                 _warm_up(model, method, dims, warmup_tokens, device, dtype, timer, chunk)
-            if tune_full_length and method != "dense":  # dense (cuDNN) has nothing to tune
+            fused = split_method(method)[1]
+            tune = tune_full_length and split_method(method)[0] != "dense"  # cuDNN: nothing to tune
+            if tune:
                 _tune_at_length(model, method, dims, embeds, pos, layout, timer, chunk)
             handle = _apply(model, method, dims, layout, timer)
             try:
@@ -420,12 +434,12 @@ def bench(
                 try:
                     last = None  # the checked output; from the parts pass after a short warm-up
                     if warmup_tokens is None:
-                        last = _prefill(model, embeds, pos, chunk)  # warm-up + correctness check
+                        last = _prefill(model, embeds, pos, chunk, fused)  # warm-up + check
                     times = []
                     for _ in range(0 if single_pass else repeat):
                         _sync(device)
                         t0 = time.perf_counter()
-                        _prefill(model, embeds, pos, chunk)
+                        _prefill(model, embeds, pos, chunk, fused)
                         _sync(device)
                         times.append(time.perf_counter() - t0)
                     hooks = _hook_parts(model, timer)
@@ -434,7 +448,7 @@ def bench(
                     _sync(device)
                     t0 = time.perf_counter()
                     try:
-                        out = _prefill(model, embeds, pos, chunk)
+                        out = _prefill(model, embeds, pos, chunk, fused)
                     finally:
                         _sync(device)
                         total_ms = (time.perf_counter() - t0) * 1e3
@@ -476,7 +490,7 @@ def bench(
                 "parts_pass_max_abs_diff": parts_diff,
                 "peak_gib": peak, "last_hidden_cosine_vs_first_method": cos,
                 "warmup_tokens": warmup_tokens or S, "single_pass": single_pass,
-                "tuned_at_full_length": tune_full_length and method != "dense",
+                "tuned_at_full_length": tune, "fused_norms_and_mlp_gates": fused,
             })  # fmt: skip
             print(f"{name:>5s} {method:26s} TTFT {rows[-1]['ttft_s']:9.3f} s  parts(ms) "
                   f"{rows[-1]['parts_ms']}  attention core {core:.1f} ms", flush=True)  # fmt: skip
@@ -492,7 +506,12 @@ def bench(
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="128K,256K,512K,1M", help=f"of {', '.join(LENGTHS)}")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"of {', '.join(METHODS)}")
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"of {', '.join(METHODS)}, each optionally with the suffix {FUSED!r} (RMSNorms and "
+        "MLP gates as fused kernels, vlm_accel.engine.fused_parts)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="timed prefills per row (median)")
     p.add_argument("--mlp-chunk", type=int, default=32768)
     p.add_argument(
@@ -562,8 +581,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     methods = a.methods.split(",")
     for m in methods:
-        if m not in METHODS:
-            p.error(f"--methods: expected some of {', '.join(METHODS)}, got {m!r}")
+        if split_method(m)[0] not in METHODS:
+            p.error(f"--methods: expected some of {', '.join(METHODS)} (optionally + {FUSED!r}), "
+                    f"got {m!r}")  # fmt: skip
     if a.smoke:
         if a.profile is not None:
             p.error("--profile: records GPU kernels, expected no --smoke")

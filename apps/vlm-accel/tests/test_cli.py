@@ -36,7 +36,17 @@ def test_run_dense_and_trianglemix(capsys):
     assert "answer:" in out and "TTFT" in out and "video" in out
     assert (
         main(
-            ["run", *BASE, "--method", "trianglemix", "--start-layer", "2", "--max-new-tokens", "2"]
+            [
+                "run",
+                *BASE,
+                "--method",
+                "trianglemix",
+                "--start-layer",
+                "2",
+                "--max-new-tokens",
+                "2",
+                "--fused",
+            ]  # fmt: skip
         )
         == EXIT_OK
     )
@@ -199,6 +209,54 @@ def test_chunked_norms_and_mlp_restored_and_bad_chunk():
         pass
 
 
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_fused_parts_match_eager_and_restore(impl):
+    """``fused_parts``: the reference is the eager arithmetic bit for bit; the Triton kernels
+    (the interpreter on the CPU) agree to rounding. Chunking composes with it, and the modules'
+    forwards come back afterwards."""
+    import os
+
+    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if impl == "triton" and not (torch.cuda.is_available() or interp):
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    model = engine.tiny_demo_model()
+    lm = engine.language_model(model)
+    inputs, _ = engine.video_inputs(model, None, CLIP, "q", frames=4, max_pixels=12544)
+    eager, _, _ = engine.prefill(model, inputs, chunk=16)  # chunking changes the matmul sums
+    before = [lm.layers[0].mlp.forward, lm.layers[1].input_layernorm.forward, lm.norm.forward]
+    with engine.fused_parts(model, impl=impl):
+        assert lm.norm.forward != before[2] and lm.layers[0].mlp.forward != before[0]
+        fused, _, _ = engine.prefill(model, inputs, chunk=16)
+    assert [
+        lm.layers[0].mlp.forward,
+        lm.layers[1].input_layernorm.forward,
+        lm.norm.forward,
+    ] == before
+    if impl == "reference":
+        assert torch.equal(fused, eager)
+        # prefill(fused=True) on the CPU takes the reference ("auto")
+        again, _, _ = engine.prefill(model, inputs, chunk=16, fused=True)
+        assert torch.equal(again, eager)
+    else:
+        torch.testing.assert_close(fused, eager, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_parts_refuse_other_norms_and_patch_nothing():
+    from vlm_accel.errors import CliError
+
+    model = engine.tiny_demo_model()
+    lm = engine.language_model(model)
+    before = lm.layers[0].mlp.forward
+    lm.layers[-1].post_attention_layernorm = torch.nn.LayerNorm(lm.config.hidden_size)
+    with pytest.raises(
+        CliError,
+        match=r"expected an RMSNorm .* at layers\.\d+\.post_attention_layernorm, got LayerNorm",
+    ):
+        with engine.fused_parts(model):
+            pass
+    assert lm.layers[0].mlp.forward == before
+
+
 @pytest.mark.slow
 def _benchmark_module(name: str):
     """A script of ``apps/vlm-accel/benchmarks`` (not a package) loaded as a module."""
@@ -233,6 +291,22 @@ def test_bench_ttft_smoke(tmp_path, extra):
     assert [r["tuned_at_full_length"] for r in rows] == [
         tuned and m != "dense" for m in mod.METHODS
     ]
+
+
+def test_bench_ttft_fused_methods_smoke(tmp_path):
+    """``+fused`` rows run the same attention with fused norms and MLP gates (the reference on
+    the CPU: the eager arithmetic, so dense+fused equals dense bit for bit here)."""
+    mod = _benchmark_module("bench_ttft")
+    out = tmp_path / "t.json"
+    methods = ["dense", "dense+fused", "mminference+trianglemix+fused"]
+    assert mod.main(["--smoke", "--methods", ",".join(methods), "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["method"] for r in rows] == methods
+    assert [r["fused_norms_and_mlp_gates"] for r in rows] == [False, True, True]
+    assert rows[1]["last_hidden_cosine_vs_first_method"] == pytest.approx(1.0, abs=1e-6)
+    assert rows[2]["last_hidden_cosine_vs_first_method"] > 0.99
+    with pytest.raises(SystemExit):
+        mod.main(["--smoke", "--methods", "dense+fast", "--out", str(out)])
 
 
 def test_bench_ttft_tuning_pass_runs_one_layer_per_kind_and_restores_the_model(monkeypatch):

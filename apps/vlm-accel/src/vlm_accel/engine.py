@@ -212,25 +212,87 @@ def chunked_mlp(model, chunk: int = 16384):
             mod.forward = fwd
 
 
+def _is_rms_norm(mod) -> bool:
+    return type(mod).__name__.endswith("RMSNorm") and hasattr(mod, "variance_epsilon")
+
+
+def _is_silu_mlp(mod) -> bool:
+    act = getattr(mod, "act_fn", None)
+    silu = isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+    return silu and all(hasattr(mod, n) for n in ("gate_proj", "up_proj", "down_proj"))
+
+
+@contextlib.contextmanager
+def fused_parts(model, *, impl: str = "auto"):
+    """Run every decoder layer's RMSNorms (and the final norm) and the SiLU gate of its MLP
+    through ``sparse_kernels.fused`` (one Triton pass each on CUDA; the PyTorch reference
+    elsewhere). Same arithmetic as HF's eager modules up to the order of the norm's sum, so
+    outputs agree to rounding, not bit for bit. Raises CliError, patching nothing, on a layer
+    whose norm is not a Llama/Qwen2-style RMSNorm or whose MLP is not SiLU-gated. ``impl`` is
+    passed to the ops (``"triton"`` runs the kernels under ``TRITON_INTERPRET=1`` on the CPU)."""
+    from sparse_kernels.fused import rms_norm, silu_mul
+
+    lm = language_model(model)
+    layers = list(getattr(lm, "layers", []))
+    norms = [(f"layers.{i}.{n}", getattr(layer, n)) for i, layer in enumerate(layers)
+             for n in _PER_TOKEN[1:]]  # fmt: skip
+    if getattr(lm, "norm", None) is not None:
+        norms.append(("norm", lm.norm))
+    mlps = [(f"layers.{i}.mlp", layer.mlp) for i, layer in enumerate(layers)]
+    for name, mod in norms:
+        if not _is_rms_norm(mod):
+            raise CliError(f"--fused: expected an RMSNorm (weight, variance_epsilon) at "
+                           f"{name}, got {type(mod).__name__}")  # fmt: skip
+    for name, mod in mlps:
+        if not _is_silu_mlp(mod):
+            raise CliError(f"--fused: expected a SiLU-gated MLP (gate/up/down_proj) at {name}, "
+                           f"got {type(mod).__name__}")  # fmt: skip
+    saved = []
+    for _, mod in norms:
+
+        def norm(x, _m=mod):
+            return rms_norm(x, _m.weight, _m.variance_epsilon, impl=impl)
+
+        saved.append((mod, mod.forward))
+        mod.forward = norm
+    for _, mod in mlps:
+
+        def mlp(x, _m=mod):
+            return _m.down_proj(silu_mul(_m.gate_proj(x), _m.up_proj(x), impl=impl))
+
+        saved.append((mod, mod.forward))
+        mod.forward = mlp
+    try:
+        yield
+    finally:
+        for mod, fwd in reversed(saved):
+            mod.forward = fwd
+
+
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 
 
-def prefill(model, inputs: dict, applied: Applied | None = None, *, chunk: int | None = None):
+def prefill(
+    model, inputs: dict, applied: Applied | None = None, *, chunk: int | None = None,
+    fused: bool = False,
+):  # fmt: skip
     """One prefill returning ``(last_logits [B, V], seconds, peak_gib or None)``; logits only
-    for the last position. Out of memory becomes a CliError with the length that would fit."""
+    for the last position. ``fused``: RMSNorms and MLP gates as fused kernels (:func:`fused_parts`).
+    Out of memory becomes a CliError with the length that would fit."""
     dev = next(model.parameters()).device
     inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     ctx = applied.context() if applied is not None else contextlib.nullcontext()
     mlp = chunked_mlp(model, chunk) if chunk else contextlib.nullcontext()
+    fuse = fused_parts(model) if fused else contextlib.nullcontext()
     S = inputs["input_ids"].shape[1]
     try:
         _sync(dev)
         t0 = time.perf_counter()
-        with torch.no_grad(), ctx, mlp:
+        with torch.no_grad(), ctx, fuse, mlp:  # chunks run the fused forwards
             logits = model(**inputs, use_cache=False, logits_to_keep=1).logits[:, -1]
         _sync(dev)
         dt = time.perf_counter() - t0

@@ -1,5 +1,7 @@
 """Triton attention kernels (dense and sparse) with exact PyTorch references.
 
+Also the fused per-token ops a long prefill runs beside attention (``rms_norm``, ``silu_mul``).
+
 Layout ``[B, H, S, D]``; GQA handled natively; every op returns ``AttentionOutput(out, lse)``.
 """
 
@@ -7,6 +9,7 @@ from ._types import AttentionOutput
 from .attention import attention
 from .block_sparse import block_sparse_attention
 from .estimate import line_scores
+from .fused import rms_norm, silu_mul
 from .merge import merge_attention
 from .permuted import grid_permutation, permuted_block_sparse_attention
 from .triangle import a_shape_attention, triangle_attention
@@ -27,6 +30,8 @@ __all__ = [
     "line_scores",
     "merge_attention",
     "permuted_block_sparse_attention",
+    "rms_norm",
+    "silu_mul",
     "triangle_attention",
     "vertical_slash_attention",
 ]

@@ -1,0 +1,86 @@
+"""Public fused per-token ops: validation, then the Triton kernel or the PyTorch reference."""
+
+from __future__ import annotations
+
+import torch
+
+from .._validate import SUPPORTED_DTYPES, check_tensor, resolve_impl
+from .reference import rms_norm_reference, silu_mul_reference
+
+# One program normalises one row in registers; wider rows would spill.
+MAX_RMS_NORM_WIDTH = 65536
+
+
+def _check_float(t: torch.Tensor, name: str) -> None:
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {t.dtype}")
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, impl: str = "auto"
+) -> torch.Tensor:
+    """RMSNorm over the last dim, as HF's Llama/Qwen2 ``RMSNorm`` modules compute it.
+
+    Args:
+        x: ``[..., N]``; weight: ``[N]``; eps: added to the mean square.
+        impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
+
+    Returns:
+        ``weight * (x * rsqrt(mean(x^2) + eps))`` with the normalised row rounded to ``x.dtype``
+        before the weight; dtype ``promote_types(weight.dtype, x.dtype)``, shape of ``x``.
+    """
+    check_tensor(x, "x")
+    check_tensor(weight, "weight")
+    _check_float(x, "x")
+    _check_float(weight, "weight")
+    if x.ndim < 1 or weight.ndim != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"weight: expected shape ({x.shape[-1] if x.ndim else '?'},) to match x's last dim, "
+            f"got weight {tuple(weight.shape)} for x {tuple(x.shape)}"
+        )
+    if weight.device != x.device:
+        raise ValueError(f"weight: expected device {x.device} (from x), got {weight.device}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
+    which = resolve_impl(impl, x.device, "rms_norm")
+    if which == "reference":
+        return rms_norm_reference(x, weight, float(eps))
+    if x.shape[-1] > MAX_RMS_NORM_WIDTH:
+        raise NotImplementedError(
+            f"rms_norm: the Triton kernel supports rows up to {MAX_RMS_NORM_WIDTH} wide, got "
+            f"{x.shape[-1]} (impl='reference' takes any width)"
+        )
+    from .triton import _launch_rms_norm
+
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    return _launch_rms_norm(x, weight.contiguous(), float(eps), out_dtype)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
+    """``silu(gate) * up`` elementwise, the middle of a SiLU-gated MLP, in one pass.
+
+    Args:
+        gate, up: tensors of one shape, dtype (fp16/bf16/fp32) and device.
+        impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
+
+    Returns:
+        A contiguous tensor of the inputs' shape and dtype; the silu is rounded to the dtype
+        before the product, as the eager ``act_fn(gate) * up`` does.
+    """
+    check_tensor(gate, "gate")
+    check_tensor(up, "up")
+    _check_float(gate, "gate")
+    if up.shape != gate.shape:
+        raise ValueError(
+            f"up: expected shape {tuple(gate.shape)} (from gate), got {tuple(up.shape)}"
+        )
+    if up.dtype != gate.dtype:
+        raise TypeError(f"up: expected dtype {gate.dtype} (from gate), got {up.dtype}")
+    if up.device != gate.device:
+        raise ValueError(f"up: expected device {gate.device} (from gate), got {up.device}")
+    which = resolve_impl(impl, gate.device, "silu_mul")
+    if which == "reference":
+        return silu_mul_reference(gate, up)
+    from .triton import _launch_silu_mul
+
+    return _launch_silu_mul(gate, up)

@@ -52,7 +52,7 @@ import torch
 
 LENGTHS = {"128K": 131072, "256K": 262144, "512K": 524288, "1M": 1048576}
 METHODS = ("dense", "mminference", "mminference+trianglemix")
-FUSED = "+fused"  # method suffix: RMSNorms and MLP gates through sparse_kernels.fused
+FUSED = "+fused"  # method suffix: norms, MLP gates, rotary step via sparse_kernels.fused
 TEXT = 64
 TPF = 256
 FULL = dict(layers=28, hidden=3584, heads=28, kv_heads=4, mlp=18944, tpf=256, start=14)
@@ -264,7 +264,7 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
 
 def split_method(method: str) -> tuple[str, bool]:
     """``"mminference+fused"`` -> ``("mminference", True)``: the attention method, and whether
-    the norms and MLP gates run fused (``vlm_accel.engine.fused_parts``)."""
+    the norms, MLP gates and rotary step run fused (``vlm_accel.engine.fused_parts``)."""
     base = method.removesuffix(FUSED)
     return base, base != method
 
@@ -490,7 +490,7 @@ def bench(
                 "parts_pass_max_abs_diff": parts_diff,
                 "peak_gib": peak, "last_hidden_cosine_vs_first_method": cos,
                 "warmup_tokens": warmup_tokens or S, "single_pass": single_pass,
-                "tuned_at_full_length": tune, "fused_norms_and_mlp_gates": fused,
+                "tuned_at_full_length": tune, "fused_parts": fused,
             })  # fmt: skip
             print(f"{name:>5s} {method:26s} TTFT {rows[-1]['ttft_s']:9.3f} s  parts(ms) "
                   f"{rows[-1]['parts_ms']}  attention core {core:.1f} ms", flush=True)  # fmt: skip
@@ -510,7 +510,7 @@ def main(argv=None) -> int:
         "--methods",
         default=",".join(METHODS),
         help=f"of {', '.join(METHODS)}, each optionally with the suffix {FUSED!r} (RMSNorms and "
-        "MLP gates as fused kernels, vlm_accel.engine.fused_parts)",
+        "MLP gates and the rotary step as fused kernels, vlm_accel.engine.fused_parts)",
     )
     p.add_argument("--repeat", type=int, default=1, help="timed prefills per row (median)")
     p.add_argument("--mlp-chunk", type=int, default=32768)

@@ -224,9 +224,16 @@ def test_fused_parts_match_eager_and_restore(impl):
     inputs, _ = engine.video_inputs(model, None, CLIP, "q", frames=4, max_pixels=12544)
     eager, _, _ = engine.prefill(model, inputs, chunk=16)  # chunking changes the matmul sums
     before = [lm.layers[0].mlp.forward, lm.layers[1].input_layernorm.forward, lm.norm.forward]
+    modeling = __import__("sys").modules[type(lm.layers[0].self_attn).__module__]
+    rope = modeling.apply_rotary_pos_emb
+    seen = []
     with engine.fused_parts(model, impl=impl):
         assert lm.norm.forward != before[2] and lm.layers[0].mlp.forward != before[0]
+        fast_rope = modeling.apply_rotary_pos_emb
+        assert fast_rope is not rope
+        modeling.apply_rotary_pos_emb = lambda *a, **kw: seen.append(1) or fast_rope(*a, **kw)
         fused, _, _ = engine.prefill(model, inputs, chunk=16)
+    assert modeling.apply_rotary_pos_emb is rope and len(seen) == len(lm.layers)
     assert [
         lm.layers[0].mlp.forward,
         lm.layers[1].input_layernorm.forward,
@@ -294,7 +301,7 @@ def test_bench_ttft_smoke(tmp_path, extra):
 
 
 def test_bench_ttft_fused_methods_smoke(tmp_path):
-    """``+fused`` rows run the same attention with fused norms and MLP gates (the reference on
+    """``+fused`` rows run the same attention with fused norms, MLP gates and rotary step (the reference on
     the CPU: the eager arithmetic, so dense+fused equals dense bit for bit here)."""
     mod = _benchmark_module("bench_ttft")
     out = tmp_path / "t.json"
@@ -302,7 +309,7 @@ def test_bench_ttft_fused_methods_smoke(tmp_path):
     assert mod.main(["--smoke", "--methods", ",".join(methods), "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["method"] for r in rows] == methods
-    assert [r["fused_norms_and_mlp_gates"] for r in rows] == [False, True, True]
+    assert [r["fused_parts"] for r in rows] == [False, True, True]
     assert rows[1]["last_hidden_cosine_vs_first_method"] == pytest.approx(1.0, abs=1e-6)
     assert rows[2]["last_hidden_cosine_vs_first_method"] > 0.99
     with pytest.raises(SystemExit):

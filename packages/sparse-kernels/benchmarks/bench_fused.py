@@ -1,5 +1,6 @@
 """Fused per-token ops vs their eager PyTorch forms (what HF's modules run), on one 32K-token
-chunk of the Qwen2.5-VL-7B shape (hidden 3584, MLP 18944), bf16. Memory-bound: the figure of
+chunk of the Qwen2.5-VL-7B shape (hidden 3584, MLP 18944, H=28, H_KV=4, D=128), bf16; q/k as HF
+makes them (a [B, S, H, D] buffer seen as [B, H, S, D]). Memory-bound: the figure of
 merit is GB/s of the bytes each op must move at least (read inputs once, write output once)."""
 
 from __future__ import annotations
@@ -9,30 +10,54 @@ import functools
 import pytest
 import torch
 from sparse_kernels.benchmarking import env_info, run_benchmark
-from sparse_kernels.fused import rms_norm, rms_norm_reference, silu_mul, silu_mul_reference
+from sparse_kernels.fused import (
+    rms_norm,
+    rms_norm_reference,
+    rotary,
+    rotary_reference,
+    silu_mul,
+    silu_mul_reference,
+)
 
 pytestmark = pytest.mark.gpu
 
-TOKENS, HIDDEN, MLP = 32768, 3584, 18944
+TOKENS, HIDDEN, MLP, H, H_KV, D = 32768, 3584, 18944, 28, 4, 128
 
 
 @functools.cache
 def _inputs():
     g = torch.Generator(device="cuda").manual_seed(0)
     mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g)
-    return mk(1, TOKENS, HIDDEN), mk(HIDDEN) + 1, mk(1, TOKENS, MLP), mk(1, TOKENS, MLP)
+    q = mk(1, TOKENS, H, D).transpose(1, 2)
+    k = mk(1, TOKENS, H_KV, D).transpose(1, 2)
+    ang = torch.arange(TOKENS, device="cuda")[:, None] * 10000 ** (
+        -torch.arange(0, D, 2, device="cuda") / D
+    )
+    emb = torch.cat((ang, ang), -1)[None]
+    cs = (emb.cos().bfloat16(), emb.sin().bfloat16())
+    return (mk(1, TOKENS, HIDDEN), mk(HIDDEN) + 1, mk(1, TOKENS, MLP), mk(1, TOKENS, MLP), q, k,
+            *cs)  # fmt: skip
 
 
-OPS = {
+def _nbytes(*ts):
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+OPS = {  # name: (fused, eager, least bytes moved)
     "rms_norm": (
-        lambda x, w, g, u: lambda: rms_norm(x, w, 1e-6),
-        lambda x, w, g, u: lambda: rms_norm_reference(x, w, 1e-6),
-        lambda x, w, g, u: 2 * x.numel() * x.element_size(),
+        lambda x, w, g, u, q, k, c, s: lambda: rms_norm(x, w, 1e-6),
+        lambda x, w, g, u, q, k, c, s: lambda: rms_norm_reference(x, w, 1e-6),
+        lambda x, w, g, u, q, k, c, s: 2 * _nbytes(x),
     ),
     "silu_mul": (
-        lambda x, w, g, u: lambda: silu_mul(g, u),
-        lambda x, w, g, u: lambda: silu_mul_reference(g, u),
-        lambda x, w, g, u: 3 * g.numel() * g.element_size(),
+        lambda x, w, g, u, q, k, c, s: lambda: silu_mul(g, u),
+        lambda x, w, g, u, q, k, c, s: lambda: silu_mul_reference(g, u),
+        lambda x, w, g, u, q, k, c, s: 3 * _nbytes(g),
+    ),
+    "rotary": (
+        lambda x, w, g, u, q, k, c, s: lambda: rotary(q, k, c, s)[0],
+        lambda x, w, g, u, q, k, c, s: lambda: rotary_reference(q, k, c, s)[0],
+        lambda x, w, g, u, q, k, c, s: 2 * _nbytes(q, k) + _nbytes(c, s),
     ),
 }
 

@@ -1,6 +1,13 @@
 import pytest
 import torch
-from sparse_kernels.fused import rms_norm, rms_norm_reference, silu_mul, silu_mul_reference
+from sparse_kernels.fused import (
+    rms_norm,
+    rms_norm_reference,
+    rotary,
+    rotary_reference,
+    silu_mul,
+    silu_mul_reference,
+)
 from sparse_kernels.testing import assert_close_budget, default_device, kernel_dtypes
 
 DEV = default_device()
@@ -75,6 +82,47 @@ def test_silu_mul_reads_views():
     )
 
 
+def _rope_inputs(B, H, H_KV, S, D, dtype, seed):
+    """q/k as HF makes them (a ``[B, S, H, D]`` projection seen as ``[B, H, S, D]``) and the
+    cos/sin of positions ``0..S-1`` (both halves equal, as HF's rotary embedding gives them)."""
+    q = _rand((B, S, H, D), dtype, seed).transpose(1, 2)
+    k = _rand((B, S, H_KV, D), dtype, seed + 1).transpose(1, 2)
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    ang = torch.arange(S, dtype=torch.float32)[:, None] * inv[None, :]
+    emb = torch.cat((ang, ang), dim=-1)[None].expand(B, S, D)
+    return q, k, emb.cos().to(dtype).to(DEV), emb.sin().to(dtype).to(DEV)
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("dtype", kernel_dtypes(), ids=str)
+@pytest.mark.parametrize(
+    "B,H,H_KV,S,D", [(1, 4, 2, 33, 128), (2, 7, 1, 70, 64), (1, 2, 2, 5, 80)], ids=str
+)
+def test_rotary_matches_the_eager_form(B, H, H_KV, S, D, dtype, impl):
+    """Half types: bit for bit (the kernel rounds each product and the sum as the eager ops
+    do). fp32: within the rounding budget (the compiler may fuse a product into the sum)."""
+    q, k, cos, sin = _rope_inputs(B, H, H_KV, S, D, dtype, seed=S)
+    qe, ke = rotary(q, k, cos, sin, impl=impl)
+    rq, rk = rotary_reference(q, k, cos, sin)
+    assert qe.stride() == rq.stride() and ke.shape == k.shape and qe.dtype == dtype
+    if dtype == torch.float32:
+        gq, gk = rotary_reference(q.double(), k.double(), cos.double(), sin.double())
+        assert_close_budget(qe, rq, gq, name="q")
+        assert_close_budget(ke, rk, gk, name="k")
+    else:
+        assert torch.equal(qe, rq) and torch.equal(ke, rk)
+
+
+def test_rotary_promotes_half_inputs_with_fp32_tables():
+    q, k, cos, sin = _rope_inputs(1, 2, 1, 17, 32, torch.float16, seed=9)
+    qe, ke = rotary(q, k, cos.float(), sin.float(), impl="triton")
+    rq, rk = rotary_reference(q, k, cos.float(), sin.float())
+    assert qe.dtype == torch.float32 == rq.dtype
+    gq, gk = rotary_reference(q.double(), k.double(), cos.double(), sin.double())
+    assert_close_budget(qe, rq, gq, dtype=torch.float32)
+    assert_close_budget(ke, rk, gk, dtype=torch.float32)
+
+
 @pytest.mark.parametrize(
     "call,err,match",
     [
@@ -109,6 +157,13 @@ def test_silu_mul_reads_views():
             "up: expected dtype torch.float32",
         ),
         (
+            lambda: rotary(*_bad_rope(k=(1, 2, 9, 8))),
+            ValueError,
+            r"k: expected shape \[1, H_KV, 8, 8\] \(from q\), got \(1, 2, 9, 8\)",
+        ),
+        (lambda: rotary(*_bad_rope(cos=(1, 8, 4))), ValueError, r"cos: expected shape \(1, 8, 8\)"),
+        (lambda: rotary(*_bad_rope(q=(1, 2, 8, 7), k=(1, 1, 8, 7))), ValueError, "even head dim"),
+        (
             lambda: silu_mul(torch.ones(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64)),
             TypeError,
             "gate: expected dtype",
@@ -118,3 +173,7 @@ def test_silu_mul_reads_views():
 def test_bad_input_names_expected_and_received(call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+def _bad_rope(q=(1, 2, 8, 8), k=(1, 1, 8, 8), cos=(1, 8, 8)):
+    return torch.ones(q), torch.ones(k), torch.ones(cos), torch.ones(cos)

@@ -781,6 +781,32 @@ def test_exact_a_shape_heads_run_the_triangle_set(impl):
     assert torch.isfinite(got.out).all() and torch.isfinite(got.lse).all()
 
 
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_all_heads_one_exact_a_shape_is_one_triangle_launch(impl, monkeypatch):
+    """Every head the same exact A-shape (what the search gives on near-uniform attention): the
+    layer's output is the one triangle_attention call's, not copied head by head into a buffer."""
+    import sparse_kernels
+
+    dev, q, k, v = _six_head_inputs(impl, seed=7)
+    plan = plan_layer(q, k, [HeadConfig(AShape(sink=5, window=70, exact=True))] * q.shape[1],
+                      None, block=64, exact_vertical_lists=False)  # fmt: skip
+    calls = []
+    real = sparse_kernels.triangle_attention
+
+    def spy(*a, **kw):
+        calls.append(kw)
+        res = real(*a, **kw)
+        calls[-1]["res"] = res
+        return res
+
+    monkeypatch.setattr(sparse_kernels, "triangle_attention", spy)
+    got = plan.run(q, k, v, impl=impl)
+    assert len(calls) == 1 and calls[0]["res"] is got
+    assert (calls[0]["sink"], calls[0]["window"], calls[0]["last"]) == (5, 70, 0)
+    want = real(q, k, v, sink=5, window=70, last=0, impl=impl)
+    assert torch.equal(got.out, want.out) and torch.equal(got.lse, want.lse)
+
+
 def test_exact_a_shape_heads_reject_boundaries():
     from sparse_patterns import QBoundary
 

@@ -209,8 +209,9 @@ def _fused_arg(p) -> None:
     p.add_argument(
         "--fused",
         action="store_true",
-        help="RMSNorms and the MLP's SiLU gate as fused Triton kernels on CUDA (one pass each; "
-        "equal to the eager modules up to rounding). Llama/Qwen2-style language models only",
+        help="RMSNorms, the MLP SiLU gate and the rotary step as fused Triton kernels on CUDA "
+        "(one pass each; equal to the eager modules up to rounding). Llama/Qwen2-style language "
+        "models only",
     )
 
 

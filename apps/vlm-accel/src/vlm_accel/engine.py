@@ -224,13 +224,18 @@ def _is_silu_mlp(mod) -> bool:
 
 @contextlib.contextmanager
 def fused_parts(model, *, impl: str = "auto"):
-    """Run every decoder layer's RMSNorms (and the final norm) and the SiLU gate of its MLP
-    through ``sparse_kernels.fused`` (one Triton pass each on CUDA; the PyTorch reference
-    elsewhere). Same arithmetic as HF's eager modules up to the order of the norm's sum, so
-    outputs agree to rounding, not bit for bit. Raises CliError, patching nothing, on a layer
-    whose norm is not a Llama/Qwen2-style RMSNorm or whose MLP is not SiLU-gated. ``impl`` is
-    passed to the ops (``"triton"`` runs the kernels under ``TRITON_INTERPRET=1`` on the CPU)."""
-    from sparse_kernels.fused import rms_norm, silu_mul
+    """Run every decoder layer's RMSNorms (and the final norm), the SiLU gate of its MLP and the
+    rotary embedding of its queries and keys through ``sparse_kernels.fused`` (one Triton pass
+    each on CUDA; the PyTorch reference elsewhere). Same arithmetic and roundings as HF's eager
+    code; only the order of the norm's sum differs, so outputs agree to rounding, not bit for
+    bit. The rotary step is HF's module-level ``apply_rotary_pos_emb`` of the attention's
+    modeling module, swapped while the context is open. Raises CliError, patching nothing, on a
+    layer whose norm is not a Llama/Qwen2-style RMSNorm, whose MLP is not SiLU-gated, or whose
+    attention module has no ``apply_rotary_pos_emb``. ``impl`` is passed to the ops
+    (``"triton"`` runs the kernels under ``TRITON_INTERPRET=1`` on the CPU)."""
+    import sys
+
+    from sparse_kernels.fused import rms_norm, rotary, silu_mul
 
     lm = language_model(model)
     layers = list(getattr(lm, "layers", []))
@@ -247,7 +252,22 @@ def fused_parts(model, *, impl: str = "auto"):
         if not _is_silu_mlp(mod):
             raise CliError(f"--fused: expected a SiLU-gated MLP (gate/up/down_proj) at {name}, "
                            f"got {type(mod).__name__}")  # fmt: skip
+    ropes = {type(layer.self_attn).__module__ for layer in layers}
+    for name in sorted(ropes):
+        if not callable(getattr(sys.modules.get(name), "apply_rotary_pos_emb", None)):
+            raise CliError(f"--fused: expected {name} to define apply_rotary_pos_emb (HF's "
+                           "rotary step), found none")  # fmt: skip
+
+    def rope(q, k, cos, sin, unsqueeze_dim=1):
+        if unsqueeze_dim != 1:
+            raise ValueError(f"fused rotary: expected unsqueeze_dim=1 ([B, H, S, D] q/k), got "
+                             f"{unsqueeze_dim}")  # fmt: skip
+        return rotary(q, k, cos, sin, impl=impl)
+
     saved = []
+    swapped = [(sys.modules[n], sys.modules[n].apply_rotary_pos_emb) for n in sorted(ropes)]
+    for m, _ in swapped:
+        m.apply_rotary_pos_emb = rope
     for _, mod in norms:
 
         def norm(x, _m=mod):
@@ -267,6 +287,8 @@ def fused_parts(model, *, impl: str = "auto"):
     finally:
         for mod, fwd in reversed(saved):
             mod.forward = fwd
+        for m, fn in swapped:
+            m.apply_rotary_pos_emb = fn
 
 
 def _sync(device) -> None:
@@ -279,7 +301,7 @@ def prefill(
     fused: bool = False,
 ):  # fmt: skip
     """One prefill returning ``(last_logits [B, V], seconds, peak_gib or None)``; logits only
-    for the last position. ``fused``: RMSNorms and MLP gates as fused kernels (:func:`fused_parts`).
+    for the last position. ``fused``: norms, MLP gates and rotary step as fused kernels (:func:`fused_parts`).
     Out of memory becomes a CliError with the length that would fit."""
     dev = next(model.parameters()).device
     inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}

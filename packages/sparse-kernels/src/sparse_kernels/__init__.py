@@ -1,6 +1,6 @@
 """Triton attention kernels (dense and sparse) with exact PyTorch references.
 
-Also the fused per-token ops a long prefill runs beside attention (``rms_norm``, ``silu_mul``).
+Also the fused per-token ops a long prefill runs beside attention (``rms_norm``, ``silu_mul``, ``rotary``).
 
 Layout ``[B, H, S, D]``; GQA handled natively; every op returns ``AttentionOutput(out, lse)``.
 """
@@ -9,7 +9,7 @@ from ._types import AttentionOutput
 from .attention import attention
 from .block_sparse import block_sparse_attention
 from .estimate import line_scores
-from .fused import rms_norm, silu_mul
+from .fused import rms_norm, rotary, silu_mul
 from .merge import merge_attention
 from .permuted import grid_permutation, permuted_block_sparse_attention
 from .triangle import a_shape_attention, triangle_attention
@@ -31,6 +31,7 @@ __all__ = [
     "merge_attention",
     "permuted_block_sparse_attention",
     "rms_norm",
+    "rotary",
     "silu_mul",
     "triangle_attention",
     "vertical_slash_attention",

@@ -254,7 +254,14 @@ class BlockPlan:
         )
 
         B, H, S, _ = q.shape
-        if sum(len(p.heads) for p in self._exact_parts) == H:
+        parts = self._exact_parts
+        if len(parts) == 1 and list(parts[0].heads) == list(range(H)) and self.exact_a_shape:
+            # One exact A-shape launch over every head in order: its output is the layer's.
+            part = self.exact_a_shape[0]
+            return triangle_attention(
+                q, k, v, sink=part.sink, window=part.window, last=0, scale=scale, impl=impl
+            )
+        if sum(len(p.heads) for p in parts) == H:
             res = AttentionOutput(
                 torch.empty_like(q), torch.empty(B, H, S, dtype=torch.float32, device=q.device)
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._validate import SUPPORTED_DTYPES, check_tensor, resolve_impl
-from .reference import rms_norm_reference, silu_mul_reference
+from .reference import rms_norm_reference, rotary_reference, silu_mul_reference
 
 # One program normalises one row in registers; wider rows would spill.
 MAX_RMS_NORM_WIDTH = 65536
@@ -84,3 +84,48 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
     from .triton import _launch_silu_mul
 
     return _launch_silu_mul(gate, up)
+
+
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, impl: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of queries and keys, ``x * cos + rotate_half(x) * sin`` (HF's
+    ``apply_rotary_pos_emb`` with ``unsqueeze_dim=1``; M-RoPE too, whose sections HF merges into
+    ``cos``/``sin`` before this step), one pass per tensor.
+
+    Args:
+        q: ``[B, H, S, D]``; k: ``[B, H_KV, S, D]`` (any strides, one dtype); D even.
+        cos, sin: ``[B, S, D]``, one dtype. impl: ``"triton"``, ``"reference"`` or ``"auto"``.
+
+    Returns:
+        ``(q_embed, k_embed)`` with the eager form's roundings (each product and the sum rounded
+        to the output dtype ``promote_types(q.dtype, cos.dtype)``), in the inputs' memory order.
+    """
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        check_tensor(t, name)
+        _check_float(t, name)
+    if q.ndim != 4 or k.ndim != 4:
+        raise ValueError(
+            f"q, k: expected 4-D [B, H, S, D], got q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    B, _, S, D = q.shape
+    if k.shape[0] != B or k.shape[2:] != q.shape[2:]:
+        raise ValueError(f"k: expected shape [{B}, H_KV, {S}, {D}] (from q), got {tuple(k.shape)}")
+    if D % 2:
+        raise ValueError(f"q: expected an even head dim (two rotated halves), got {D}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if tuple(t.shape) != (B, S, D):
+            raise ValueError(f"{name}: expected shape ({B}, {S}, {D}), got {tuple(t.shape)}")
+    if k.dtype != q.dtype or sin.dtype != cos.dtype:
+        raise TypeError(f"expected k.dtype == q.dtype and sin.dtype == cos.dtype, got q {q.dtype}, "
+                        f"k {k.dtype}, cos {cos.dtype}, sin {sin.dtype}")  # fmt: skip
+    for name, t in (("k", k), ("cos", cos), ("sin", sin)):
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} (from q), got {t.device}")
+    which = resolve_impl(impl, q.device, "rotary")
+    if which == "reference":
+        return rotary_reference(q, k, cos, sin)
+    from .triton import _launch_rotary
+
+    out = torch.promote_types(q.dtype, cos.dtype)
+    return _launch_rotary(q, cos, sin, out), _launch_rotary(k, cos, sin, out)

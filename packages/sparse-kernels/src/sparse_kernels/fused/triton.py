@@ -33,6 +33,52 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, numel, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, (s * u).to(y_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _rotary_kernel(
+    x_ptr, c_ptr, s_ptr, y_ptr, H, S, HALF,
+    sx_b, sx_h, sx_s, sx_d, sy_b, sy_h, sy_s, sy_d, sc_b, sc_s, sc_d, ss_b, ss_s, ss_d,
+    BLOCK_S: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    """One tile of BLOCK_S positions of one batch row, every head in turn: cos/sin are read once
+    per tile, not once per head."""
+    n_s = tl.cdiv(S, BLOCK_S)
+    b = (tl.program_id(0) // n_s).to(tl.int64)
+    rows = ((tl.program_id(0) % n_s) * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_HALF).to(tl.int64)
+    ok = (rows < S)[:, None] & (cols < HALF)[None, :]
+    c_at = c_ptr + b * sc_b + rows[:, None] * sc_s
+    s_at = s_ptr + b * ss_b + rows[:, None] * ss_s
+    c1 = tl.load(c_at + cols[None, :] * sc_d, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(c_at + (cols + HALF)[None, :] * sc_d, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(s_at + cols[None, :] * ss_d, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(s_at + (cols + HALF)[None, :] * ss_d, mask=ok, other=0.0).to(tl.float32)
+    dt = y_ptr.dtype.element_ty
+    for h in range(H):
+        x_at = x_ptr + b * sx_b + h * sx_h + rows[:, None] * sx_s
+        y_at = y_ptr + b * sy_b + h * sy_h + rows[:, None] * sy_s
+        x1 = tl.load(x_at + cols[None, :] * sx_d, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(x_at + (cols + HALF)[None, :] * sx_d, mask=ok, other=0.0).to(tl.float32)
+        # Each product and the sum rounded to the output dtype, as the eager ops round them.
+        y1 = (x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)
+        y2 = (x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)
+        tl.store(y_at + cols[None, :] * sy_d, y1.to(dt), mask=ok)
+        tl.store(y_at + (cols + HALF)[None, :] * sy_d, y2.to(dt), mask=ok)
+
+
+def _launch_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    B, H, S, D = x.shape
+    # The eager ops keep x's memory order (HF's q is a [B, S, H, D] buffer seen as [B, H, S, D]).
+    y = torch.empty_like(x, dtype=out_dtype)
+    BLOCK_S = 32
+    _rotary_kernel[(B * triton.cdiv(S, BLOCK_S),)](
+        x, cos, sin, y, H, S, D // 2, *x.stride(), *y.stride(), *cos.stride(), *sin.stride(),
+        BLOCK_S=BLOCK_S, BLOCK_HALF=max(16, triton.next_power_of_2(D // 2)), num_warps=4,
+    )  # fmt: skip
+    return y
+
+
 def _launch_rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype
 ) -> torch.Tensor:

@@ -323,7 +323,7 @@ def _prefill(model, embeds, pos, chunk: int, fused: bool = False):
 
 def _profile(model, embeds, pos, chunk: int, out_dir: Path, name: str, method: str) -> None:
     """One more prefill under torch.profiler (GPU activity): the kernels' total times, largest
-    first, to ``out_dir/profile-<length>-<method>.txt``."""
+    first, to ``out_dir/profile-<length>-<method>.txt`` (``+`` in the method as ``_``)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         _prefill(model, embeds, pos, chunk, split_method(method)[1])
         torch.cuda.synchronize()
@@ -331,7 +331,7 @@ def _profile(model, embeds, pos, chunk: int, out_dir: Path, name: str, method: s
         sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"profile-{name}-{method}.txt").write_text(table)
+    (out_dir / f"profile-{name}-{method.replace('+', '_')}.txt").write_text(table)
 
 
 def search(model, dims: dict, tokens: int, *, device: str, dtype, eval_rows: int, out: Path):

@@ -99,17 +99,18 @@ def _rope_inputs(B, H, H_KV, S, D, dtype, seed):
     "B,H,H_KV,S,D", [(1, 4, 2, 33, 128), (2, 7, 1, 70, 64), (1, 2, 2, 5, 80)], ids=str
 )
 def test_rotary_matches_the_eager_form(B, H, H_KV, S, D, dtype, impl):
-    """Half types: bit for bit (the kernel rounds each product and the sum as the eager ops
-    do). fp32: within the rounding budget (the compiler may fuse a product into the sum)."""
+    """Within the rounding budget of the eager form against float64. The kernel asks for the
+    eager roundings (each product, then the sum), but the GPU compiler may keep float32 between
+    them: on an H100 about a fifth of half-precision outputs differ from eager by one unit in
+    the last place (``scripts/rotary_ulps.py``), while the interpreter matches bit for bit."""
     q, k, cos, sin = _rope_inputs(B, H, H_KV, S, D, dtype, seed=S)
     qe, ke = rotary(q, k, cos, sin, impl=impl)
     rq, rk = rotary_reference(q, k, cos, sin)
     assert qe.stride() == rq.stride() and ke.shape == k.shape and qe.dtype == dtype
-    if dtype == torch.float32:
-        gq, gk = rotary_reference(q.double(), k.double(), cos.double(), sin.double())
-        assert_close_budget(qe, rq, gq, name="q")
-        assert_close_budget(ke, rk, gk, name="k")
-    else:
+    gq, gk = rotary_reference(q.double(), k.double(), cos.double(), sin.double())
+    assert_close_budget(qe, rq, gq, name="q")
+    assert_close_budget(ke, rk, gk, name="k")
+    if impl == "reference":
         assert torch.equal(qe, rq) and torch.equal(ke, rk)
 
 

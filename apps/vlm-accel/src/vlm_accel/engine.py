@@ -226,10 +226,11 @@ def _is_silu_mlp(mod) -> bool:
 def fused_parts(model, *, impl: str = "auto"):
     """Run every decoder layer's RMSNorms (and the final norm), the SiLU gate of its MLP and the
     rotary embedding of its queries and keys through ``sparse_kernels.fused`` (one Triton pass
-    each on CUDA; the PyTorch reference elsewhere). Same arithmetic and roundings as HF's eager
-    code; only the order of the norm's sum differs, so outputs agree to rounding, not bit for
-    bit. The rotary step is HF's module-level ``apply_rotary_pos_emb`` of the attention's
-    modeling module, swapped while the context is open. Raises CliError, patching nothing, on a
+    each on CUDA; the PyTorch reference elsewhere). Same arithmetic as HF's eager code; the
+    norm's sum runs in another order and the compiled kernels may skip an intermediate rounding,
+    so outputs agree to rounding, not bit for bit (the reference is bit-equal). The rotary step
+    is HF's module-level ``apply_rotary_pos_emb`` of the attention's modeling module, swapped
+    while the context is open. Raises CliError, patching nothing, on a
     layer whose norm is not a Llama/Qwen2-style RMSNorm, whose MLP is not SiLU-gated, or whose
     attention module has no ``apply_rotary_pos_emb``. ``impl`` is passed to the ops
     (``"triton"`` runs the kernels under ``TRITON_INTERPRET=1`` on the CPU)."""

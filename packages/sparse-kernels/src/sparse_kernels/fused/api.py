@@ -64,8 +64,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
 
     Returns:
-        A contiguous tensor of the inputs' shape and dtype; the silu is rounded to the dtype
-        before the product, as the eager ``act_fn(gate) * up`` does.
+        A contiguous tensor of the inputs' shape and dtype, agreeing with the eager
+        ``act_fn(gate) * up`` to rounding (the kernel asks for its rounding of the silu before
+        the product; the compiler may keep float32 there).
     """
     check_tensor(gate, "gate")
     check_tensor(up, "up")
@@ -98,8 +99,10 @@ def rotary(
         cos, sin: ``[B, S, D]``, one dtype. impl: ``"triton"``, ``"reference"`` or ``"auto"``.
 
     Returns:
-        ``(q_embed, k_embed)`` with the eager form's roundings (each product and the sum rounded
-        to the output dtype ``promote_types(q.dtype, cos.dtype)``), in the inputs' memory order.
+        ``(q_embed, k_embed)`` of dtype ``promote_types(q.dtype, cos.dtype)``, in the inputs'
+        memory order. The kernel asks for the eager roundings (each product, then the sum, to
+        that dtype); the GPU compiler may keep float32 between them, so results agree with the
+        eager form to one unit in the last place, not bit for bit.
     """
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_tensor(t, name)

@@ -58,7 +58,8 @@ def _rotary_kernel(
         y_at = y_ptr + b * sy_b + h * sy_h + rows[:, None] * sy_s
         x1 = tl.load(x_at + cols[None, :] * sx_d, mask=ok, other=0.0).to(tl.float32)
         x2 = tl.load(x_at + (cols + HALF)[None, :] * sx_d, mask=ok, other=0.0).to(tl.float32)
-        # Each product and the sum rounded to the output dtype, as the eager ops round them.
+        # Each product and the sum rounded to the output dtype, as the eager ops round them (the
+        # GPU compiler may fold the product roundings away: agreement is to one ulp).
         y1 = (x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)
         y2 = (x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)
         tl.store(y_at + cols[None, :] * sy_d, y1.to(dt), mask=ok)

@@ -273,6 +273,44 @@ def test_layer_triton_within_error_budget(dtype):
 
 
 @pytest.mark.parametrize(
+    "spans, blk",
+    [
+        # text and video interleaved, segments off the block edges, a partial last block
+        pytest.param([(0, 60), (2, 256), (0, 40), (2, 200), (0, 61)], 32, id="tvtvt-b32"),
+        # short segments: several runs per query block; three modalities
+        pytest.param([(0, 7), (1, 30), (2, 9), (0, 13), (1, 50), (2, 71), (0, 33)], 16, id="3mod"),
+        pytest.param([(2, 200), (0, 129)], 64, id="two-segments-b64"),
+    ],
+)
+def test_q_boundary_block_level_lists_equal_the_element_path(spans, blk, monkeypatch):
+    """Q-Boundary heads of dense, A-shape, TriShape and Vertical-Slash patterns build their block
+    lists from row runs at block level; indices and counts equal the element path's exactly."""
+    from sparse_patterns import mminference
+
+    q, k, _, lay = planted_boundary_qkv(spans)
+    H = q.shape[1]
+    pats = [
+        Dense(),
+        AShape(sink=5, window=23),
+        AShape(sink=0, window=1),
+        AShape(sink=40, window=70),
+        TriShape(sink=7, window=40, last=19),
+        TriShape(sink=3, window=9, last=300),
+        VerticalSlash(n_vertical=8, n_slash=8, last_q=32, sink=1, local=4),
+        VerticalSlash(n_vertical=30, n_slash=5, last_q=16),
+    ]
+    for i in range(0, len(pats), H):
+        heads = [HeadConfig(p, QBoundary()) for p in (pats[i : i + H] * H)[:H]]
+        block = plan_layer(q, k, heads, lay, block=blk)
+        monkeypatch.setattr(mminference, "Q_BOUNDARY_BLOCK_LEVEL", False)
+        element = plan_layer(q, k, heads, lay, block=blk)
+        monkeypatch.setattr(mminference, "Q_BOUNDARY_BLOCK_LEVEL", True)
+        assert torch.equal(block.kv_block_counts, element.kv_block_counts), heads
+        assert torch.equal(block.kv_block_indices, element.kv_block_indices), heads
+        assert torch.equal(block.q_perm, element.q_perm)
+
+
+@pytest.mark.parametrize(
     "boundary",
     [
         pytest.param(QBoundary(), id="q-boundary"),

@@ -393,6 +393,80 @@ def _scatter_true(mask: torch.Tensor, idx: torch.Tensor, ok: torch.Tensor) -> No
     mask.copy_(full[..., :S])
 
 
+# Q-Boundary heads of these kinds build their block lists from row runs (see
+# ``_q_boundary_block_mask``); the element path stays the reference and serves the other kinds.
+_RUN_KINDS = ("dense", "a_shape", "tri_shape")
+Q_BOUNDARY_BLOCK_LEVEL = True
+
+
+def _q_boundary_block_mask(kind, params, vert, sl, mi, q_perm, N: int, S: int, blk: int):
+    """Chunk function of a Q-Boundary head's block mask (rows permuted to modality order, keys in
+    original order), equal to the element path's for a static ``kind`` in ``_RUN_KINDS`` or
+    Vertical-Slash (``kind None``, per-modality ``vert`` ``[N, M, NV]`` / ``sl`` ``[N, M, NS]``),
+    without an ``S``-wide row. The rows of one query block fall into runs: consecutive original
+    positions of one modality. Each run ``[lo, hi]`` attends a few key ranges, exactly the union
+    of its rows' sets: the sink ``[0, min(sink, hi + 1))``, the window ``[lo - window + 1, hi]``,
+    ``[0, hi]`` for dense rows (TriShape's last rows too), each column ``v <= hi`` and, per slash
+    offset ``o``, ``[lo - o, hi - o]`` (clipped at 0). The ranges are added to a difference array
+    over key blocks. Cost: ``N * runs * (ranges per run)`` plus ``N * NQB * NKB``; one host read
+    (the run count) per chunk."""
+    nkb = -(-S // blk)
+
+    def fn(m0: int, m1: int) -> torch.Tensor:
+        dev = q_perm.device
+        r0, r1 = m0 * blk, min(m1 * blk, S)
+        rows = q_perm[r0:r1].long()
+        R, C = rows.numel(), m1 - m0
+        qb = torch.arange(R, device=dev) // blk
+        mod = mi[rows]
+        start = torch.ones(R, dtype=torch.bool, device=dev)
+        start[1:] = (qb[1:] != qb[:-1]) | (mod[1:] != mod[:-1]) | (rows[1:] != rows[:-1] + 1)
+        first = start.nonzero().squeeze(1)  # one host read: the run count
+        last = torch.cat([first[1:], first.new_tensor([R])]) - 1
+        lo, hi = rows[first], rows[last]  # [U]
+        u_qb, u_mod = qb[first], mod[first]
+        los, his = [], []  # key ranges [N, U, P], empty where lo > hi
+        if kind is None:
+            v = vert[:, u_mod]  # [N, U, NV]
+            v = torch.where((v >= 0) & (v <= hi[None, :, None]), v, -1)
+            los.append(v)
+            his.append(torch.where(v >= 0, v, -2))
+            o = sl[:, u_mod]  # [N, U, NS]
+            top = hi[None, :, None] - o
+            ok = (o >= 0) & (top >= 0)
+            los.append(torch.where(ok, (lo[None, :, None] - o).clamp_min(0), 0))
+            his.append(torch.where(ok, top, -1))
+        elif kind == "dense":
+            los.append(torch.zeros(1, lo.numel(), 1, dtype=torch.long, device=dev))
+            his.append(hi[None, :, None])
+        else:
+            sink, win = _c(params["sink"])[..., 0], _c(params["window"])[..., 0]  # [N, 1]
+            los.append(torch.zeros_like(sink + hi[None]).unsqueeze(-1))
+            his.append((torch.minimum(sink, hi[None] + 1) - 1).unsqueeze(-1))
+            w_lo = (lo[None] - win + 1).clamp_min(0)
+            los.append(w_lo.unsqueeze(-1))
+            his.append(torch.where(win > 0, hi[None], -1).unsqueeze(-1))
+            if kind == "tri_shape":
+                dense = hi[None] >= S - _c(params["last"])[..., 0]
+                los.append(torch.zeros_like(dense, dtype=torch.long).unsqueeze(-1))
+                his.append(torch.where(dense, hi[None], -1).unsqueeze(-1))
+        diff = torch.zeros(N, C, nkb + 1, dtype=torch.int32, device=dev)
+        for a, b in zip(los, his):
+            a, b = torch.broadcast_tensors(a, b)
+            a, b = a.expand(N, -1, -1), b.expand(N, -1, -1)
+            ok = (b >= a).int()
+            base = (torch.arange(N, device=dev)[:, None, None] * C + u_qb[None, :, None]) * (
+                nkb + 1
+            )
+            flat = diff.view(-1)
+            flat.scatter_add_(0, (base + a.clamp_min(0) // blk).reshape(-1), ok.reshape(-1))
+            end = torch.where(b >= a, b // blk + 1, 0)
+            flat.scatter_add_(0, (base + end).reshape(-1), -ok.reshape(-1))
+        return diff.cumsum(-1)[..., :nkb] > 0
+
+    return fn
+
+
 def _plan_boundary(ctx: _Ctx, hs, cfgs, two_d: bool) -> tuple:
     dev, S, B = ctx.q.device, ctx.S, ctx.B
     pat = cfgs[0].pattern
@@ -491,8 +565,13 @@ def _plan_boundary(ctx: _Ctx, hs, cfgs, two_d: bool) -> tuple:
 
     q_perm = ctx.mperm.to(torch.int32)
     kv_perm = q_perm if two_d else None
-    fn = element_block_mask(row_fn, q_perm, kv_perm, N, S, ctx.block)
-    idx, cnt = lists_from_element_chunks(fn, N, S, ctx.block, dev)
+    if Q_BOUNDARY_BLOCK_LEVEL and not two_d and (kind is None or kind in _RUN_KINDS):
+        nb = -(-S // ctx.block)
+        fn = _q_boundary_block_mask(kind, params, vert, sl, mi, ctx.mperm, N, S, ctx.block)
+        idx, cnt = lists_from_chunks(fn, N, nb, nb, dev)
+    else:
+        fn = element_block_mask(row_fn, q_perm, kv_perm, N, S, ctx.block)
+        idx, cnt = lists_from_element_chunks(fn, N, S, ctx.block, dev)
     qp = q_perm.expand(N, S)
     return idx, cnt, qp, (qp if two_d else None), {}
 

@@ -1,10 +1,10 @@
-"""Planning cost of Q-Boundary heads: block-level row runs against the element path.
+"""Planning cost of Q- and 2D-Boundary heads: block-level row runs against the element path.
 
 One layer of the Qwen2.5-VL-7B attention shape (H=28, H_KV=4, D=128, bf16, random q/k/v) on an
 MM-NIAH-like layout (text 1024 / video 3072 repeated, 512 text tokens at the end: 25% text),
-every head the same pattern with ``QBoundary()``: ``AShape(168, 5390)`` and
-``VerticalSlash(1000, 2048)``. Per (length, pattern): ``plan_layer`` with the block-level lists
-(``mminference.Q_BOUNDARY_BLOCK_LEVEL = True``) and, up to ``--element-max`` tokens, with the
+every head the same pattern with ``QBoundary()`` or ``TwoDBoundary(cross_vertical=256)``:
+``AShape(168, 5390)`` and ``VerticalSlash(1000, 2048)``. Per (length, pattern): ``plan_layer`` with the block-level lists
+(``mminference.BOUNDARY_BLOCK_LEVEL = True``) and, up to ``--element-max`` tokens, with the
 element path; wall time with a device sync, median of ``--repeat`` after one warm-up; whether
 the two plans' lists are equal; and the kernel (``BlockPlan.run``) and cuDNN dense causal for
 scale.
@@ -23,13 +23,22 @@ import time
 
 import torch
 from sparse_kernels.benchmarking import cuda_time_ms, cudnn_causal, env_info
-from sparse_patterns import AShape, HeadConfig, QBoundary, TokenLayout, VerticalSlash, plan_layer
+from sparse_patterns import (
+    AShape,
+    HeadConfig,
+    QBoundary,
+    TokenLayout,
+    TwoDBoundary,
+    VerticalSlash,
+    plan_layer,
+)
 
 LENGTHS = {"32K": 32768, "128K": 131072, "512K": 524288}
 PATTERNS = {
     "a_shape(168,5390)": AShape(sink=168, window=5390),
     "vertical_slash(1000,2048)": VerticalSlash(n_vertical=1000, n_slash=2048),
 }
+BOUNDARIES = {"q": QBoundary(), "2d": TwoDBoundary(cross_vertical=256)}
 
 
 def mm_niah_layout(S: int, device="cpu") -> TokenLayout:
@@ -51,29 +60,29 @@ def _wall_ms(fn, repeat: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def _pattern_row(name: str, q, k, v, lay, pname: str, pat, dense_ms: float, a) -> dict:
+def _pattern_row(name: str, q, k, v, lay, pname: str, pat, bname: str, dense_ms: float, a):
     from sparse_patterns import mminference
 
     S = q.shape[2]
-    heads = [HeadConfig(pat, QBoundary())] * q.shape[1]
+    heads = [HeadConfig(pat, BOUNDARIES[bname])] * q.shape[1]
 
     def plan():
         return plan_layer(q, k, heads, lay, block=64)
 
-    mminference.Q_BOUNDARY_BLOCK_LEVEL = True
+    mminference.BOUNDARY_BLOCK_LEVEL = True
     block_ms, bp = _wall_ms(plan, a.repeat)
     row = {
-        "length": name, "S": S, "pattern": pname, "block_plan_ms": block_ms,
+        "length": name, "S": S, "pattern": pname, "boundary": bname, "block_plan_ms": block_ms,
         "kernel_ms": cuda_time_ms(lambda: bp.run(q, k, v), warmup=1, rep=a.repeat),
         "dense_ms": dense_ms,
         "density": float(bp.kv_block_counts.sum()) / (q.shape[1] * (S // 64) ** 2 / 2),
     }  # fmt: skip
     if a.element_max >= S:
-        mminference.Q_BOUNDARY_BLOCK_LEVEL = False
+        mminference.BOUNDARY_BLOCK_LEVEL = False
         try:
             row["element_plan_ms"], ep = _wall_ms(plan, max(1, a.repeat // 3))
         finally:
-            mminference.Q_BOUNDARY_BLOCK_LEVEL = True
+            mminference.BOUNDARY_BLOCK_LEVEL = True
         row["lists_equal"] = bool(
             torch.equal(ep.kv_block_counts, bp.kv_block_counts)
             and torch.equal(ep.kv_block_indices, bp.kv_block_indices)
@@ -102,9 +111,10 @@ def main(argv=None) -> int:
         v = torch.randn(1, 4, S, 128, device="cuda", dtype=torch.bfloat16, generator=g)
         lay = mm_niah_layout(S, "cuda")
         dense_ms = cuda_time_ms(cudnn_causal(q, k, v), warmup=1, rep=a.repeat)
-        for pname, pat in PATTERNS.items():
-            rows.append(_pattern_row(name, q, k, v, lay, pname, pat, dense_ms, a))
-            print(json.dumps(rows[-1]), flush=True)
+        for bname in BOUNDARIES:
+            for pname, pat in PATTERNS.items():
+                rows.append(_pattern_row(name, q, k, v, lay, pname, pat, bname, dense_ms, a))
+                print(json.dumps(rows[-1]), flush=True)
     with open(a.out, "w") as f:
         json.dump({"env": env_info(), "rows": rows}, f, indent=1)
     return 0

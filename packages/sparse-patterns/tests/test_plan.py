@@ -282,9 +282,11 @@ def test_layer_triton_within_error_budget(dtype):
         pytest.param([(2, 200), (0, 129)], 64, id="two-segments-b64"),
     ],
 )
-def test_q_boundary_block_level_lists_equal_the_element_path(spans, blk, monkeypatch):
-    """Q-Boundary heads of dense, A-shape, TriShape and Vertical-Slash patterns build their block
-    lists from row runs at block level; indices and counts equal the element path's exactly."""
+@pytest.mark.parametrize("boundary", [QBoundary(), TwoDBoundary(cross_vertical=3)], ids=["q", "2d"])
+def test_boundary_block_level_lists_equal_the_element_path(spans, blk, boundary, monkeypatch):
+    """Q- and 2D-Boundary heads of dense, A-shape, TriShape and Vertical-Slash patterns build
+    their block lists from row runs at block level; indices, counts and permutations equal the
+    element path's exactly."""
     from sparse_patterns import mminference
 
     q, k, _, lay = planted_boundary_qkv(spans)
@@ -300,14 +302,18 @@ def test_q_boundary_block_level_lists_equal_the_element_path(spans, blk, monkeyp
         VerticalSlash(n_vertical=30, n_slash=5, last_q=16),
     ]
     for i in range(0, len(pats), H):
-        heads = [HeadConfig(p, QBoundary()) for p in (pats[i : i + H] * H)[:H]]
+        heads = [HeadConfig(p, boundary) for p in (pats[i : i + H] * H)[:H]]
         block = plan_layer(q, k, heads, lay, block=blk)
-        monkeypatch.setattr(mminference, "Q_BOUNDARY_BLOCK_LEVEL", False)
+        monkeypatch.setattr(mminference, "BOUNDARY_BLOCK_LEVEL", False)
         element = plan_layer(q, k, heads, lay, block=blk)
-        monkeypatch.setattr(mminference, "Q_BOUNDARY_BLOCK_LEVEL", True)
+        monkeypatch.setattr(mminference, "BOUNDARY_BLOCK_LEVEL", True)
         assert torch.equal(block.kv_block_counts, element.kv_block_counts), heads
         assert torch.equal(block.kv_block_indices, element.kv_block_indices), heads
         assert torch.equal(block.q_perm, element.q_perm)
+        if element.kv_perm is None:
+            assert block.kv_perm is None
+        else:
+            assert torch.equal(block.kv_perm, element.kv_perm)
 
 
 @pytest.mark.parametrize(

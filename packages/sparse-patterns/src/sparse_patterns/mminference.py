@@ -393,75 +393,105 @@ def _scatter_true(mask: torch.Tensor, idx: torch.Tensor, ok: torch.Tensor) -> No
     mask.copy_(full[..., :S])
 
 
-# Q-Boundary heads of these kinds build their block lists from row runs (see
-# ``_q_boundary_block_mask``); the element path stays the reference and serves the other kinds.
+# Boundary heads of these kinds build their block lists from row runs (see
+# ``_boundary_block_mask``); the element path stays the reference and serves the SF baselines.
 _RUN_KINDS = ("dense", "a_shape", "tri_shape")
-Q_BOUNDARY_BLOCK_LEVEL = True
+BOUNDARY_BLOCK_LEVEL = True
 
 
-def _q_boundary_block_mask(kind, params, vert, sl, mi, q_perm, N: int, S: int, blk: int):
-    """Chunk function of a Q-Boundary head's block mask (rows permuted to modality order, keys in
-    original order), equal to the element path's for a static ``kind`` in ``_RUN_KINDS`` or
-    Vertical-Slash (``kind None``, per-modality ``vert`` ``[N, M, NV]`` / ``sl`` ``[N, M, NS]``),
-    without an ``S``-wide row. The rows of one query block fall into runs: consecutive original
-    positions of one modality. Each run ``[lo, hi]`` attends a few key ranges, exactly the union
-    of its rows' sets: the sink ``[0, min(sink, hi + 1))``, the window ``[lo - window + 1, hi]``,
-    ``[0, hi]`` for dense rows (TriShape's last rows too), each column ``v <= hi`` and, per slash
-    offset ``o``, ``[lo - o, hi - o]`` (clipped at 0). The ranges are added to a difference array
-    over key blocks. Cost: ``N * runs * (ranges per run)`` plus ``N * NQB * NKB``; one host read
-    (the run count) per chunk."""
+class _Runs:
+    """Row runs of the query blocks ``[m0, m1)`` of a modality-ordered layout: stretches of
+    consecutive rows of one modality inside one query block whose original positions are
+    consecutive too (Q-Boundary) or, for 2D-Boundary, whose modality ranks are (always, in
+    modality order). Per run ``u``: local query block ``qb``, modality ``mod``, first and last row
+    in the pattern's coordinates (``lo``, ``hi``: original positions for Q-Boundary, ranks in
+    the modality for 2D), and the last row's original position ``orig_hi`` (causality)."""
+
+    def __init__(self, mperm, mi, start, m0: int, m1: int, S: int, blk: int, two_d: bool):
+        dev = mperm.device
+        pr = torch.arange(m0 * blk, min(m1 * blk, S), device=dev)
+        orig = mperm[pr].long()
+        qb = (pr - m0 * blk) // blk
+        mod = mi[orig]
+        new = torch.ones(pr.numel(), dtype=torch.bool, device=dev)
+        new[1:] = (qb[1:] != qb[:-1]) | (mod[1:] != mod[:-1])
+        if not two_d:
+            new[1:] |= orig[1:] != orig[:-1] + 1
+        first = new.nonzero().squeeze(1)  # one host read: the run count
+        last = torch.cat([first[1:], first.new_tensor([pr.numel()])]) - 1
+        self.qb, self.mod = qb[first], mod[first]
+        self.orig_hi = orig[last]
+        coord = (pr - start[mod]) if two_d else orig
+        self.lo, self.hi = coord[first], coord[last]
+
+
+def _boundary_block_mask(kind, params, vert, sl, cross, ctx: _Ctx, N: int, two_d: bool):
+    """Chunk function of a boundary head's block mask, equal to the element path's for a static
+    ``kind`` in ``_RUN_KINDS`` or Vertical-Slash (``kind None``; per-modality ``vert``
+    ``[N, M, NV]`` original columns, ``sl`` ``[N, M, NS]`` offsets; 2D: ``cross`` ``[N, M, C]``
+    original columns of the other modalities), without an ``S``-wide row per query row.
+
+    Rows are in modality order. Q-Boundary keys are in original order and the pattern is in
+    original positions; 2D-Boundary keys are in modality order too and the pattern is in ranks
+    inside the row's modality (its length ``n_a`` where TriShape uses ``S``). Each run of rows
+    (:class:`_Runs`) ``[lo, hi]`` attends a few key ranges, the exact union of its rows' sets: the
+    sink ``[0, min(sink, hi + 1))``, the window ``[lo - window + 1, hi]``, ``[0, hi]`` for dense
+    rows, per slash offset ``o`` the keys ``[lo - o, hi - o]`` (clipped at 0), and each column
+    (vertical or cross) at or before the run's last row in original positions. The ranges go
+    into a difference array over key blocks. Cost per chunk: ``N * runs * ranges per run`` plus
+    the ``N * blocks * NKB`` mask; one host read (the run count)."""
+    S, blk, dev = ctx.S, ctx.block, ctx.q.device
     nkb = -(-S // blk)
+    mi = ctx.mod_index
+    counts = torch.bincount(mi, minlength=ctx.uniq.numel())
+    start = torch.cumsum(counts, 0) - counts
+    inv = torch.empty_like(ctx.mperm)
+    inv[ctx.mperm] = torch.arange(S, device=dev, dtype=ctx.mperm.dtype)
 
     def fn(m0: int, m1: int) -> torch.Tensor:
-        dev = q_perm.device
-        r0, r1 = m0 * blk, min(m1 * blk, S)
-        rows = q_perm[r0:r1].long()
-        R, C = rows.numel(), m1 - m0
-        qb = torch.arange(R, device=dev) // blk
-        mod = mi[rows]
-        start = torch.ones(R, dtype=torch.bool, device=dev)
-        start[1:] = (qb[1:] != qb[:-1]) | (mod[1:] != mod[:-1]) | (rows[1:] != rows[:-1] + 1)
-        first = start.nonzero().squeeze(1)  # one host read: the run count
-        last = torch.cat([first[1:], first.new_tensor([R])]) - 1
-        lo, hi = rows[first], rows[last]  # [U]
-        u_qb, u_mod = qb[first], mod[first]
-        los, his = [], []  # key ranges [N, U, P], empty where lo > hi
+        r = _Runs(ctx.mperm, mi, start, m0, m1, S, blk, two_d)
+        lo, hi = r.lo[None, :, None], r.hi[None, :, None]  # pattern coordinates, [1, U, 1]
+        shift = start[r.mod][None, :, None] if two_d else 0  # to key order
+        length = counts[r.mod][None, :, None] if two_d else S
+        ranges = []  # (first, last) keys in key order, [N or 1, U, P]; empty where last < first
+
+        def columns(c):  # original columns at or before the run's last row
+            ok = (c >= 0) & (c <= r.orig_hi[None, :, None])
+            key = inv[c.clamp_min(0)].long() if two_d else c
+            ranges.append((torch.where(ok, key, 0), torch.where(ok, key, -1)))
+
         if kind is None:
-            v = vert[:, u_mod]  # [N, U, NV]
-            v = torch.where((v >= 0) & (v <= hi[None, :, None]), v, -1)
-            los.append(v)
-            his.append(torch.where(v >= 0, v, -2))
-            o = sl[:, u_mod]  # [N, U, NS]
-            top = hi[None, :, None] - o
+            columns(vert[:, r.mod])
+            o = sl[:, r.mod]
+            top = hi - o
             ok = (o >= 0) & (top >= 0)
-            los.append(torch.where(ok, (lo[None, :, None] - o).clamp_min(0), 0))
-            his.append(torch.where(ok, top, -1))
+            ranges.append((torch.where(ok, (lo - o).clamp_min(0) + shift, 0),
+                           torch.where(ok, top + shift, -1)))  # fmt: skip
         elif kind == "dense":
-            los.append(torch.zeros(1, lo.numel(), 1, dtype=torch.long, device=dev))
-            his.append(hi[None, :, None])
+            ranges.append((torch.zeros_like(lo) + shift, hi + shift))
         else:
-            sink, win = _c(params["sink"])[..., 0], _c(params["window"])[..., 0]  # [N, 1]
-            los.append(torch.zeros_like(sink + hi[None]).unsqueeze(-1))
-            his.append((torch.minimum(sink, hi[None] + 1) - 1).unsqueeze(-1))
-            w_lo = (lo[None] - win + 1).clamp_min(0)
-            los.append(w_lo.unsqueeze(-1))
-            his.append(torch.where(win > 0, hi[None], -1).unsqueeze(-1))
-            if kind == "tri_shape":
-                dense = hi[None] >= S - _c(params["last"])[..., 0]
-                los.append(torch.zeros_like(dense, dtype=torch.long).unsqueeze(-1))
-                his.append(torch.where(dense, hi[None], -1).unsqueeze(-1))
-        diff = torch.zeros(N, C, nkb + 1, dtype=torch.int32, device=dev)
-        for a, b in zip(los, his):
-            a, b = torch.broadcast_tensors(a, b)
-            a, b = a.expand(N, -1, -1), b.expand(N, -1, -1)
-            ok = (b >= a).int()
-            base = (torch.arange(N, device=dev)[:, None, None] * C + u_qb[None, :, None]) * (
-                nkb + 1
+            sink, win = params["sink"][:, None, None], params["window"][:, None, None]
+            ranges.append((torch.zeros_like(sink + lo) + shift,
+                           torch.minimum(sink, hi + 1) - 1 + shift))  # fmt: skip
+            ranges.append(
+                ((lo - win + 1).clamp_min(0) + shift, torch.where(win > 0, hi, -1) + shift)
             )
-            flat = diff.view(-1)
-            flat.scatter_add_(0, (base + a.clamp_min(0) // blk).reshape(-1), ok.reshape(-1))
-            end = torch.where(b >= a, b // blk + 1, 0)
-            flat.scatter_add_(0, (base + end).reshape(-1), -ok.reshape(-1))
+            if kind == "tri_shape":
+                dense = hi >= length - params["last"][:, None, None]
+                ranges.append((torch.zeros_like(dense, dtype=torch.long) + shift,
+                               torch.where(dense, hi + shift, -1)))  # fmt: skip
+        if cross is not None:
+            columns(cross[:, r.mod])
+        C = m1 - m0
+        diff = torch.zeros(N, C, nkb + 1, dtype=torch.int32, device=dev)
+        flat = diff.view(-1)
+        base = (torch.arange(N, device=dev)[:, None, None] * C + r.qb[None, :, None]) * (nkb + 1)
+        for a, b in ranges:
+            a, b = (t.expand(N, -1, -1) for t in torch.broadcast_tensors(a, b))
+            ok = b >= a
+            one = ok.int().reshape(-1)
+            flat.scatter_add_(0, (base + torch.where(ok, a // blk, 0)).reshape(-1), one)
+            flat.scatter_add_(0, (base + torch.where(ok, b // blk + 1, 0)).reshape(-1), -one)
         return diff.cumsum(-1)[..., :nkb] > 0
 
     return fn
@@ -565,9 +595,9 @@ def _plan_boundary(ctx: _Ctx, hs, cfgs, two_d: bool) -> tuple:
 
     q_perm = ctx.mperm.to(torch.int32)
     kv_perm = q_perm if two_d else None
-    if Q_BOUNDARY_BLOCK_LEVEL and not two_d and (kind is None or kind in _RUN_KINDS):
+    if BOUNDARY_BLOCK_LEVEL and (kind is None or kind in _RUN_KINDS):
         nb = -(-S // ctx.block)
-        fn = _q_boundary_block_mask(kind, params, vert, sl, mi, ctx.mperm, N, S, ctx.block)
+        fn = _boundary_block_mask(kind, params, vert, sl, cross, ctx, N, two_d)
         idx, cnt = lists_from_chunks(fn, N, nb, nb, dev)
     else:
         fn = element_block_mask(row_fn, q_perm, kv_perm, N, S, ctx.block)

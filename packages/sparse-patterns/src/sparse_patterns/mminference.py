@@ -397,6 +397,8 @@ def _scatter_true(mask: torch.Tensor, idx: torch.Tensor, ok: torch.Tensor) -> No
 # ``_boundary_block_mask``); the element path stays the reference and serves the SF baselines.
 _RUN_KINDS = ("dense", "a_shape", "tri_shape")
 BOUNDARY_BLOCK_LEVEL = True
+# Elements of one batch of run ranges ([N, runs, ranges per run], several int64 temporaries).
+_RANGE_CHUNK_ELEMS = 1 << 24
 
 
 class _Runs:
@@ -448,50 +450,63 @@ def _boundary_block_mask(kind, params, vert, sl, cross, ctx: _Ctx, N: int, two_d
     inv = torch.empty_like(ctx.mperm)
     inv[ctx.mperm] = torch.arange(S, device=dev, dtype=ctx.mperm.dtype)
 
-    def fn(m0: int, m1: int) -> torch.Tensor:
-        r = _Runs(ctx.mperm, mi, start, m0, m1, S, blk, two_d)
-        lo, hi = r.lo[None, :, None], r.hi[None, :, None]  # pattern coordinates, [1, U, 1]
-        shift = start[r.mod][None, :, None] if two_d else 0  # to key order
-        length = counts[r.mod][None, :, None] if two_d else S
-        ranges = []  # (first, last) keys in key order, [N or 1, U, P]; empty where last < first
+    width = (vert.shape[-1] + sl.shape[-1] if kind is None else 3) + (
+        cross.shape[-1] if cross is not None else 0
+    )
+    run_step = max(1, _RANGE_CHUNK_ELEMS // max(1, N * width))
+
+    def ranges_of(r: _Runs, u: slice) -> list:
+        """(first, last) key ranges of runs ``u``, in key order, ``[N or 1, U, P]``; a range with
+        last < first is empty."""
+        mod = r.mod[u]
+        lo, hi = r.lo[u][None, :, None], r.hi[u][None, :, None]  # pattern coordinates
+        orig_hi = r.orig_hi[u][None, :, None]
+        shift = start[mod][None, :, None] if two_d else 0  # to key order
+        length = counts[mod][None, :, None] if two_d else S
+        out = []
 
         def columns(c):  # original columns at or before the run's last row
-            ok = (c >= 0) & (c <= r.orig_hi[None, :, None])
+            ok = (c >= 0) & (c <= orig_hi)
             key = inv[c.clamp_min(0)].long() if two_d else c
-            ranges.append((torch.where(ok, key, 0), torch.where(ok, key, -1)))
+            out.append((torch.where(ok, key, 0), torch.where(ok, key, -1)))
 
         if kind is None:
-            columns(vert[:, r.mod])
-            o = sl[:, r.mod]
+            columns(vert[:, mod])
+            o = sl[:, mod]
             top = hi - o
             ok = (o >= 0) & (top >= 0)
-            ranges.append((torch.where(ok, (lo - o).clamp_min(0) + shift, 0),
-                           torch.where(ok, top + shift, -1)))  # fmt: skip
+            out.append((torch.where(ok, (lo - o).clamp_min(0) + shift, 0),
+                        torch.where(ok, top + shift, -1)))  # fmt: skip
         elif kind == "dense":
-            ranges.append((torch.zeros_like(lo) + shift, hi + shift))
+            out.append((torch.zeros_like(lo) + shift, hi + shift))
         else:
             sink, win = params["sink"][:, None, None], params["window"][:, None, None]
-            ranges.append((torch.zeros_like(sink + lo) + shift,
-                           torch.minimum(sink, hi + 1) - 1 + shift))  # fmt: skip
-            ranges.append(
-                ((lo - win + 1).clamp_min(0) + shift, torch.where(win > 0, hi, -1) + shift)
-            )
+            out.append((torch.zeros_like(sink + lo) + shift,
+                        torch.minimum(sink, hi + 1) - 1 + shift))  # fmt: skip
+            out.append(((lo - win + 1).clamp_min(0) + shift, torch.where(win > 0, hi, -1) + shift))
             if kind == "tri_shape":
                 dense = hi >= length - params["last"][:, None, None]
-                ranges.append((torch.zeros_like(dense, dtype=torch.long) + shift,
-                               torch.where(dense, hi + shift, -1)))  # fmt: skip
+                out.append((torch.zeros_like(dense, dtype=torch.long) + shift,
+                            torch.where(dense, hi + shift, -1)))  # fmt: skip
         if cross is not None:
-            columns(cross[:, r.mod])
-        C = m1 - m0
+            columns(cross[:, mod])
+        return out
+
+    def fn(m0: int, m1: int) -> torch.Tensor:
+        r = _Runs(ctx.mperm, mi, start, m0, m1, S, blk, two_d)
+        C, U = m1 - m0, r.qb.numel()
         diff = torch.zeros(N, C, nkb + 1, dtype=torch.int32, device=dev)
         flat = diff.view(-1)
-        base = (torch.arange(N, device=dev)[:, None, None] * C + r.qb[None, :, None]) * (nkb + 1)
-        for a, b in ranges:
-            a, b = (t.expand(N, -1, -1) for t in torch.broadcast_tensors(a, b))
-            ok = b >= a
-            one = ok.int().reshape(-1)
-            flat.scatter_add_(0, (base + torch.where(ok, a // blk, 0)).reshape(-1), one)
-            flat.scatter_add_(0, (base + torch.where(ok, b // blk + 1, 0)).reshape(-1), -one)
+        for u0 in range(0, U, run_step):  # bounded temporaries: run_step runs at a time
+            u = slice(u0, min(U, u0 + run_step))
+            base = torch.arange(N, device=dev)[:, None, None] * C + r.qb[u][None, :, None]
+            base = base * (nkb + 1)
+            for a, b in ranges_of(r, u):
+                a, b = (t.expand(N, -1, -1) for t in torch.broadcast_tensors(a, b))
+                ok = b >= a
+                one = ok.int().reshape(-1)
+                flat.scatter_add_(0, (base + torch.where(ok, a // blk, 0)).reshape(-1), one)
+                flat.scatter_add_(0, (base + torch.where(ok, b // blk + 1, 0)).reshape(-1), -one)
         return diff.cumsum(-1)[..., :nkb] > 0
 
     return fn

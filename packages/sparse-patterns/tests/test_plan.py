@@ -304,15 +304,16 @@ def test_boundary_block_level_lists_equal_the_element_path(spans, blk, boundary,
     for i in range(0, len(pats), H):
         heads = [HeadConfig(p, boundary) for p in (pats[i : i + H] * H)[:H]]
         block = plan_layer(q, k, heads, lay, block=blk)
-        monkeypatch.setattr(mminference, "BOUNDARY_BLOCK_LEVEL", False)
+        monkeypatch.setattr(mminference, "_BOUNDARY_BLOCK_LEVEL", False)
         element = plan_layer(q, k, heads, lay, block=blk)
-        monkeypatch.setattr(mminference, "BOUNDARY_BLOCK_LEVEL", True)
+        monkeypatch.setattr(mminference, "_BOUNDARY_BLOCK_LEVEL", True)
         assert torch.equal(block.kv_block_counts, element.kv_block_counts), heads
         assert torch.equal(block.kv_block_indices, element.kv_block_indices), heads
         monkeypatch.setattr(mminference, "_RANGE_CHUNK_ELEMS", 1)  # one run per batch
         batched = plan_layer(q, k, heads, lay, block=blk)
         monkeypatch.undo()
         assert torch.equal(batched.kv_block_indices, element.kv_block_indices), heads
+        assert torch.equal(batched.kv_block_counts, element.kv_block_counts), heads
         assert torch.equal(block.q_perm, element.q_perm)
         if element.kv_perm is None:
             assert block.kv_perm is None

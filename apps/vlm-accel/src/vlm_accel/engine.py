@@ -203,13 +203,22 @@ def chunked_mlp(model, chunk: int = 16384):
                 [_fwd(x[:, i : i + chunk]) for i in range(0, x.shape[1], chunk)], dim=1
             )
 
+        saved.append((mod, mod.__dict__.get("forward")))
         mod.forward = run
-        saved.append((mod, fwd))
     try:
         yield
     finally:
-        for mod, fwd in saved:
-            mod.forward = fwd
+        for mod, fwd in reversed(saved):
+            _restore_forward(mod, fwd)
+
+
+def _restore_forward(mod, own) -> None:
+    """Undo ``mod.forward = ...``: put back the instance's own attribute, or remove it so that
+    the class's method shows through again (no bound method left behind)."""
+    if own is None:
+        del mod.forward
+    else:
+        mod.forward = own
 
 
 def _is_rms_norm(mod) -> bool:
@@ -234,6 +243,7 @@ def fused_parts(model, *, impl: str = "auto"):
     layer whose norm is not a Llama/Qwen2-style RMSNorm, whose MLP is not SiLU-gated, or whose
     attention module has no ``apply_rotary_pos_emb``. ``impl`` is passed to the ops
     (``"triton"`` runs the kernels under ``TRITON_INTERPRET=1`` on the CPU)."""
+    import inspect
     import sys
 
     from sparse_kernels.fused import rms_norm, rotary, silu_mul
@@ -258,6 +268,14 @@ def fused_parts(model, *, impl: str = "auto"):
         if not callable(getattr(sys.modules.get(name), "apply_rotary_pos_emb", None)):
             raise CliError(f"--fused: expected {name} to define apply_rotary_pos_emb (HF's "
                            "rotary step), found none")  # fmt: skip
+    for cls in {type(layer.self_attn) for layer in layers}:
+        try:
+            calls = "apply_rotary_pos_emb(" in inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            calls = False
+        if not calls:  # swapping the module function would change nothing: say so
+            raise CliError(f"--fused: expected {cls.__name__}.forward to call its module's "
+                           "apply_rotary_pos_emb, found no such call")  # fmt: skip
 
     def rope(q, k, cos, sin, unsqueeze_dim=1):
         if unsqueeze_dim != 1:
@@ -265,29 +283,29 @@ def fused_parts(model, *, impl: str = "auto"):
                              f"{unsqueeze_dim}")  # fmt: skip
         return rotary(q, k, cos, sin, impl=impl)
 
-    saved = []
+    saved = []  # (module, its own forward attribute or None)
     swapped = [(sys.modules[n], sys.modules[n].apply_rotary_pos_emb) for n in sorted(ropes)]
     for m, _ in swapped:
         m.apply_rotary_pos_emb = rope
     for _, mod in norms:
 
         def norm(x, _m=mod):
-            return rms_norm(x, _m.weight, _m.variance_epsilon, impl=impl)
+            return rms_norm(x, _m.weight, eps=_m.variance_epsilon, impl=impl)
 
-        saved.append((mod, mod.forward))
+        saved.append((mod, mod.__dict__.get("forward")))
         mod.forward = norm
     for _, mod in mlps:
 
         def mlp(x, _m=mod):
             return _m.down_proj(silu_mul(_m.gate_proj(x), _m.up_proj(x), impl=impl))
 
-        saved.append((mod, mod.forward))
+        saved.append((mod, mod.__dict__.get("forward")))
         mod.forward = mlp
     try:
         yield
     finally:
         for mod, fwd in reversed(saved):
-            mod.forward = fwd
+            _restore_forward(mod, fwd)
         for m, fn in swapped:
             m.apply_rotary_pos_emb = fn
 

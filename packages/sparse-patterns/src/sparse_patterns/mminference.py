@@ -396,7 +396,7 @@ def _scatter_true(mask: torch.Tensor, idx: torch.Tensor, ok: torch.Tensor) -> No
 # Boundary heads of these kinds build their block lists from row runs (see
 # ``_boundary_block_mask``); the element path stays the reference and serves the SF baselines.
 _RUN_KINDS = ("dense", "a_shape", "tri_shape")
-BOUNDARY_BLOCK_LEVEL = True
+_BOUNDARY_BLOCK_LEVEL = True  # False: every boundary head on the element path (tests compare)
 # Elements of one batch of run ranges ([N, runs, ranges per run], several int64 temporaries).
 _RANGE_CHUNK_ELEMS = 1 << 24
 
@@ -427,11 +427,15 @@ class _Runs:
         self.lo, self.hi = coord[first], coord[last]
 
 
-def _boundary_block_mask(kind, params, vert, sl, cross, ctx: _Ctx, N: int, two_d: bool):
+def _boundary_block_mask(
+    kind, params, vert, sl, cross, ctx: _Ctx, N: int, two_d: bool, counts, start, inv
+):  # fmt: skip
     """Chunk function of a boundary head's block mask, equal to the element path's for a static
     ``kind`` in ``_RUN_KINDS`` or Vertical-Slash (``kind None``; per-modality ``vert``
     ``[N, M, NV]`` original columns, ``sl`` ``[N, M, NS]`` offsets; 2D: ``cross`` ``[N, M, C]``
     original columns of the other modalities), without an ``S``-wide row per query row.
+    ``counts``/``start``: tokens per modality and where each starts in modality order; ``inv``:
+    the modality-order position of each original position.
 
     Rows are in modality order. Q-Boundary keys are in original order and the pattern is in
     original positions; 2D-Boundary keys are in modality order too and the pattern is in ranks
@@ -445,11 +449,6 @@ def _boundary_block_mask(kind, params, vert, sl, cross, ctx: _Ctx, N: int, two_d
     S, blk, dev = ctx.S, ctx.block, ctx.q.device
     nkb = -(-S // blk)
     mi = ctx.mod_index
-    counts = torch.bincount(mi, minlength=ctx.uniq.numel())
-    start = torch.cumsum(counts, 0) - counts
-    inv = torch.empty_like(ctx.mperm)
-    inv[ctx.mperm] = torch.arange(S, device=dev, dtype=ctx.mperm.dtype)
-
     width = (vert.shape[-1] + sl.shape[-1] if kind is None else 3) + (
         cross.shape[-1] if cross is not None else 0
     )
@@ -507,7 +506,7 @@ def _boundary_block_mask(kind, params, vert, sl, cross, ctx: _Ctx, N: int, two_d
                 one = ok.int().reshape(-1)
                 flat.scatter_add_(0, (base + torch.where(ok, a // blk, 0)).reshape(-1), one)
                 flat.scatter_add_(0, (base + torch.where(ok, b // blk + 1, 0)).reshape(-1), -one)
-        return diff.cumsum(-1)[..., :nkb] > 0
+        return diff.cumsum(-1, dtype=torch.int32)[..., :nkb] > 0
 
     return fn
 
@@ -610,9 +609,11 @@ def _plan_boundary(ctx: _Ctx, hs, cfgs, two_d: bool) -> tuple:
 
     q_perm = ctx.mperm.to(torch.int32)
     kv_perm = q_perm if two_d else None
-    if BOUNDARY_BLOCK_LEVEL and (kind is None or kind in _RUN_KINDS):
+    if _BOUNDARY_BLOCK_LEVEL and (kind is None or kind in _RUN_KINDS):
         nb = -(-S // ctx.block)
-        fn = _boundary_block_mask(kind, params, vert, sl, cross, ctx, N, two_d)
+        fn = _boundary_block_mask(
+            kind, params, vert, sl, cross, ctx, N, two_d, counts, start, inv_m
+        )
         idx, cnt = lists_from_chunks(fn, N, nb, nb, dev)
     else:
         fn = element_block_mask(row_fn, q_perm, kv_perm, N, S, ctx.block)

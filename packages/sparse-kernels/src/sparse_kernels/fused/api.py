@@ -17,7 +17,7 @@ def _check_float(t: torch.Tensor, name: str) -> None:
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, impl: str = "auto"
+    x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, impl: str = "auto"
 ) -> torch.Tensor:
     """RMSNorm over the last dim, as HF's Llama/Qwen2 ``RMSNorm`` modules compute it.
 
@@ -40,8 +40,12 @@ def rms_norm(
         )
     if weight.device != x.device:
         raise ValueError(f"weight: expected device {x.device} (from x), got {weight.device}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < float("inf"):
+        raise ValueError(f"eps: expected a finite float >= 0, got {eps!r}")
+    if x.shape[-1] == 0:
+        raise ValueError(
+            f"x: expected a non-empty last dim to normalise, got shape {tuple(x.shape)}"
+        )
     which = resolve_impl(impl, x.device, "rms_norm")
     if which == "reference":
         return rms_norm_reference(x, weight, float(eps))
@@ -96,7 +100,8 @@ def rotary(
 
     Args:
         q: ``[B, H, S, D]``; k: ``[B, H_KV, S, D]`` (any strides, one dtype); D even.
-        cos, sin: ``[B, S, D]``, one dtype. impl: ``"triton"``, ``"reference"`` or ``"auto"``.
+        cos, sin: ``[B, S, D]`` or ``[1, S, D]`` (shared by the batch, as HF builds them when no
+            position ids are given), one dtype. impl: ``"triton"``, ``"reference"`` or ``"auto"``.
 
     Returns:
         ``(q_embed, k_embed)`` of dtype ``promote_types(q.dtype, cos.dtype)``, in the inputs'
@@ -117,8 +122,10 @@ def rotary(
     if D % 2:
         raise ValueError(f"q: expected an even head dim (two rotated halves), got {D}")
     for name, t in (("cos", cos), ("sin", sin)):
-        if tuple(t.shape) != (B, S, D):
-            raise ValueError(f"{name}: expected shape ({B}, {S}, {D}), got {tuple(t.shape)}")
+        if t.ndim != 3 or t.shape[0] not in (1, B) or tuple(t.shape[1:]) != (S, D):
+            raise ValueError(
+                f"{name}: expected shape ({B}, {S}, {D}) or (1, {S}, {D}), got {tuple(t.shape)}"
+            )
     if k.dtype != q.dtype or sin.dtype != cos.dtype:
         raise TypeError(f"expected k.dtype == q.dtype and sin.dtype == cos.dtype, got q {q.dtype}, "
                         f"k {k.dtype}, cos {cos.dtype}, sin {sin.dtype}")  # fmt: skip
@@ -131,4 +138,5 @@ def rotary(
     from .triton import _launch_rotary
 
     out = torch.promote_types(q.dtype, cos.dtype)
+    cos, sin = cos.expand(B, S, D), sin.expand(B, S, D)  # a shared table: batch stride 0
     return _launch_rotary(q, cos, sin, out), _launch_rotary(k, cos, sin, out)

@@ -15,7 +15,7 @@ def _rms_norm_kernel(
     offs = tl.arange(0, BLOCK_N)
     ok = offs < N
     x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     # Round the normalised row to the input dtype before the weight, as HF's RMSNorm does.
     h = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
@@ -53,9 +53,11 @@ def _rotary_kernel(
     s1 = tl.load(s_at + cols[None, :] * ss_d, mask=ok, other=0.0).to(tl.float32)
     s2 = tl.load(s_at + (cols + HALF)[None, :] * ss_d, mask=ok, other=0.0).to(tl.float32)
     dt = y_ptr.dtype.element_ty
-    for h in range(H):
-        x_at = x_ptr + b * sx_b + h * sx_h + rows[:, None] * sx_s
-        y_at = y_ptr + b * sy_b + h * sy_h + rows[:, None] * sy_s
+    # The pointers step by one head stride per head: ``h * sx_h`` in int32 would pass 2**31 at
+    # 1M tokens (a contiguous q: 2**27 elements per head).
+    x_at = x_ptr + b * sx_b + rows[:, None] * sx_s
+    y_at = y_ptr + b * sy_b + rows[:, None] * sy_s
+    for _ in range(H):
         x1 = tl.load(x_at + cols[None, :] * sx_d, mask=ok, other=0.0).to(tl.float32)
         x2 = tl.load(x_at + (cols + HALF)[None, :] * sx_d, mask=ok, other=0.0).to(tl.float32)
         # Each product and the sum rounded to the output dtype, as the eager ops round them (the
@@ -64,6 +66,8 @@ def _rotary_kernel(
         y2 = (x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)
         tl.store(y_at + cols[None, :] * sy_d, y1.to(dt), mask=ok)
         tl.store(y_at + (cols + HALF)[None, :] * sy_d, y2.to(dt), mask=ok)
+        x_at += sx_h
+        y_at += sy_h
 
 
 def _launch_rotary(

@@ -241,7 +241,7 @@ def test_real_processor_path(mt, tmp_path, capsys):
 @pytest.mark.parametrize("mt", FAMILIES)
 def test_cuda_bf16_accelerated_methods(mt, checkpoints, tmp_path, capsys):
     """On a GPU: search, then trianglemix and mminference+trianglemix through the Triton
-    kernels in bf16, from the saved tiny checkpoint."""
+    kernels in bf16, from the saved tiny checkpoint, with and without ``--fused``."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     cuda = ["--device", "cuda", "--dtype", "bf16"]
@@ -251,6 +251,9 @@ def test_cuda_bf16_accelerated_methods(mt, checkpoints, tmp_path, capsys):
     for method in ("trianglemix", "mminference+trianglemix"):
         argv = ["run", *base, "--method", method, "--config", str(cfg), "--start-layer", "1"]
         assert main([*argv, "--max-new-tokens", "2"]) == EXIT_OK, method
+        assert f"method: {method}" in capsys.readouterr().out
+        # the fused norms, MLP gates and rotary step (Triton) under the same method
+        assert main([*argv, "--max-new-tokens", "2", "--fused"]) == EXIT_OK, method
         assert f"method: {method}" in capsys.readouterr().out
 
 

@@ -220,6 +220,8 @@ def test_fused_parts_match_eager_and_restore(impl):
     if impl == "triton" and not (torch.cuda.is_available() or interp):
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     model = engine.tiny_demo_model()
+    if impl == "triton" and not interp:  # compiled kernels: the model on the GPU
+        model = model.cuda()
     lm = engine.language_model(model)
     inputs, _ = engine.video_inputs(model, None, CLIP, "q", frames=4, max_pixels=12544)
     eager, _, _ = engine.prefill(model, inputs, chunk=16)  # chunking changes the matmul sums

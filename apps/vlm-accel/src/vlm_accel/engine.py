@@ -203,22 +203,27 @@ def chunked_mlp(model, chunk: int = 16384):
                 [_fwd(x[:, i : i + chunk]) for i in range(0, x.shape[1], chunk)], dim=1
             )
 
-        saved.append((mod, mod.__dict__.get("forward")))
-        mod.forward = run
+        _set_forward(saved, mod, run)
     try:
         yield
     finally:
-        for mod, fwd in reversed(saved):
-            _restore_forward(mod, fwd)
+        _restore_forwards(saved)
 
 
-def _restore_forward(mod, own) -> None:
-    """Undo ``mod.forward = ...``: put back the instance's own attribute, or remove it so that
-    the class's method shows through again (no bound method left behind)."""
-    if own is None:
-        del mod.forward
-    else:
-        mod.forward = own
+def _set_forward(saved: list, mod, fn) -> None:
+    """``mod.forward = fn``, noting in ``saved`` what :func:`_restore_forwards` puts back."""
+    saved.append((mod, mod.__dict__.get("forward")))
+    mod.forward = fn
+
+
+def _restore_forwards(saved: list) -> None:
+    """Undo :func:`_set_forward` calls, last first: put back each instance's own attribute, or
+    remove it so that the class's method shows through again (no bound method left behind)."""
+    for mod, own in reversed(saved):
+        if own is None:
+            del mod.forward
+        else:
+            mod.forward = own
 
 
 def _is_rms_norm(mod) -> bool:
@@ -283,7 +288,7 @@ def fused_parts(model, *, impl: str = "auto"):
                              f"{unsqueeze_dim}")  # fmt: skip
         return rotary(q, k, cos, sin, impl=impl)
 
-    saved = []  # (module, its own forward attribute or None)
+    saved = []  # see _set_forward
     swapped = [(sys.modules[n], sys.modules[n].apply_rotary_pos_emb) for n in sorted(ropes)]
     for m, _ in swapped:
         m.apply_rotary_pos_emb = rope
@@ -292,20 +297,17 @@ def fused_parts(model, *, impl: str = "auto"):
         def norm(x, _m=mod):
             return rms_norm(x, _m.weight, eps=_m.variance_epsilon, impl=impl)
 
-        saved.append((mod, mod.__dict__.get("forward")))
-        mod.forward = norm
+        _set_forward(saved, mod, norm)
     for _, mod in mlps:
 
         def mlp(x, _m=mod):
             return _m.down_proj(silu_mul(_m.gate_proj(x), _m.up_proj(x), impl=impl))
 
-        saved.append((mod, mod.__dict__.get("forward")))
-        mod.forward = mlp
+        _set_forward(saved, mod, mlp)
     try:
         yield
     finally:
-        for mod, fwd in reversed(saved):
-            _restore_forward(mod, fwd)
+        _restore_forwards(saved)
         for m, fn in swapped:
             m.apply_rotary_pos_emb = fn
 

@@ -274,6 +274,19 @@ def test_fused_parts_refuse_an_attention_that_skips_the_module_rotary():
             pass
 
 
+def test_fuse_parts_handle_undoes_once():
+    model = engine.tiny_demo_model()
+    lm = engine.language_model(model)
+    modeling = __import__("sys").modules[type(lm.layers[0].self_attn).__module__]
+    rope = modeling.apply_rotary_pos_emb
+    handle = engine.fuse_parts(model)
+    assert "forward" in lm.norm.__dict__ and modeling.apply_rotary_pos_emb is not rope
+    handle.remove()
+    assert "forward" not in lm.norm.__dict__ and modeling.apply_rotary_pos_emb is rope
+    handle.remove()  # a second remove changes nothing
+    assert modeling.apply_rotary_pos_emb is rope
+
+
 def test_fused_parts_refuse_other_norms_and_patch_nothing():
     from vlm_accel.errors import CliError
 

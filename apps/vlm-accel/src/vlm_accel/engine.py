@@ -236,8 +236,29 @@ def _is_silu_mlp(mod) -> bool:
     return silu and all(hasattr(mod, n) for n in ("gate_proj", "up_proj", "down_proj"))
 
 
+class Patched:
+    """Handle of module patches: ``remove()`` undoes them (once; later calls do nothing)."""
+
+    def __init__(self, undo):
+        self._undo = undo
+
+    def remove(self) -> None:
+        undo, self._undo = self._undo, None
+        if undo is not None:
+            undo()
+
+
 @contextlib.contextmanager
 def fused_parts(model, *, impl: str = "auto"):
+    """:func:`fuse_parts` for the duration of a ``with`` block."""
+    handle = fuse_parts(model, impl=impl)
+    try:
+        yield handle
+    finally:
+        handle.remove()
+
+
+def fuse_parts(model, *, impl: str = "auto") -> Patched:
     """Run every decoder layer's RMSNorms (and the final norm), the SiLU gate of its MLP and the
     rotary embedding of its queries and keys through ``sparse_kernels.fused`` (one Triton pass
     each on CUDA; the PyTorch reference elsewhere). Same arithmetic as HF's eager code; the
@@ -247,7 +268,8 @@ def fused_parts(model, *, impl: str = "auto"):
     while the context is open. Raises CliError, patching nothing, on a
     layer whose norm is not a Llama/Qwen2-style RMSNorm, whose MLP is not SiLU-gated, or whose
     attention module has no ``apply_rotary_pos_emb``. ``impl`` is passed to the ops
-    (``"triton"`` runs the kernels under ``TRITON_INTERPRET=1`` on the CPU)."""
+    (``"triton"`` runs the kernels under ``TRITON_INTERPRET=1`` on the CPU). Returns the
+    handle that undoes the patches (:func:`fused_parts` is the ``with`` form)."""
     import inspect
     import sys
 
@@ -304,12 +326,13 @@ def fused_parts(model, *, impl: str = "auto"):
             return _m.down_proj(silu_mul(_m.gate_proj(x), _m.up_proj(x), impl=impl))
 
         _set_forward(saved, mod, mlp)
-    try:
-        yield
-    finally:
+
+    def undo() -> None:
         _restore_forwards(saved)
         for m, fn in swapped:
             m.apply_rotary_pos_emb = fn
+
+    return Patched(undo)
 
 
 def _sync(device) -> None:
@@ -322,8 +345,8 @@ def prefill(
     fused: bool = False,
 ):  # fmt: skip
     """One prefill returning ``(last_logits [B, V], seconds, peak_gib or None)``; logits only
-    for the last position. ``fused``: norms, MLP gates and rotary step as fused kernels (:func:`fused_parts`).
-    Out of memory becomes a CliError with the length that would fit."""
+    for the last position. ``fused``: norms, MLP gates and rotary step as fused kernels
+    (:func:`fuse_parts`). Out of memory becomes a CliError with the length that would fit."""
     dev = next(model.parameters()).device
     inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     if dev.type == "cuda":

@@ -226,28 +226,6 @@ def _restore_forwards(saved: list) -> None:
             mod.forward = own
 
 
-def _is_rms_norm(mod) -> bool:
-    return type(mod).__name__.endswith("RMSNorm") and hasattr(mod, "variance_epsilon")
-
-
-def _is_silu_mlp(mod) -> bool:
-    act = getattr(mod, "act_fn", None)
-    silu = isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
-    return silu and all(hasattr(mod, n) for n in ("gate_proj", "up_proj", "down_proj"))
-
-
-class Patched:
-    """Handle of module patches: ``remove()`` undoes them (once; later calls do nothing)."""
-
-    def __init__(self, undo):
-        self._undo = undo
-
-    def remove(self) -> None:
-        undo, self._undo = self._undo, None
-        if undo is not None:
-            undo()
-
-
 @contextlib.contextmanager
 def fused_parts(model, *, impl: str = "auto"):
     """:func:`fuse_parts` for the duration of a ``with`` block."""
@@ -258,81 +236,15 @@ def fused_parts(model, *, impl: str = "auto"):
         handle.remove()
 
 
-def fuse_parts(model, *, impl: str = "auto") -> Patched:
-    """Run every decoder layer's RMSNorms (and the final norm), the SiLU gate of its MLP and the
-    rotary embedding of its queries and keys through ``sparse_kernels.fused`` (one Triton pass
-    each on CUDA; the PyTorch reference elsewhere). Same arithmetic as HF's eager code; the
-    norm's sum runs in another order and the compiled kernels may skip an intermediate rounding,
-    so outputs agree to rounding, not bit for bit (the reference is bit-equal). The rotary step
-    is HF's module-level ``apply_rotary_pos_emb`` of the attention's modeling module, swapped
-    while the context is open. Raises CliError, patching nothing, on a
-    layer whose norm is not a Llama/Qwen2-style RMSNorm, whose MLP is not SiLU-gated, or whose
-    attention module has no ``apply_rotary_pos_emb``. ``impl`` is passed to the ops
-    (``"triton"`` runs the kernels under ``TRITON_INTERPRET=1`` on the CPU). Returns the
-    handle that undoes the patches (:func:`fused_parts` is the ``with`` form)."""
-    import inspect
-    import sys
+def fuse_parts(model, *, impl: str = "auto"):
+    """``sparse_kernels.integrations.hf.fuse_per_token_ops`` (the RMSNorms, MLP gates and rotary
+    step as fused kernels; returns the handle that undoes it), with its refusals as CliError."""
+    from sparse_kernels.integrations.hf import fuse_per_token_ops
 
-    from sparse_kernels.fused import rms_norm, rotary, silu_mul
-
-    lm = language_model(model)
-    layers = list(getattr(lm, "layers", []))
-    norms = [(f"layers.{i}.{n}", getattr(layer, n)) for i, layer in enumerate(layers)
-             for n in _PER_TOKEN[1:]]  # fmt: skip
-    if getattr(lm, "norm", None) is not None:
-        norms.append(("norm", lm.norm))
-    mlps = [(f"layers.{i}.mlp", layer.mlp) for i, layer in enumerate(layers)]
-    for name, mod in norms:
-        if not _is_rms_norm(mod):
-            raise CliError(f"--fused: expected an RMSNorm (weight, variance_epsilon) at "
-                           f"{name}, got {type(mod).__name__}")  # fmt: skip
-    for name, mod in mlps:
-        if not _is_silu_mlp(mod):
-            raise CliError(f"--fused: expected a SiLU-gated MLP (gate/up/down_proj) at {name}, "
-                           f"got {type(mod).__name__}")  # fmt: skip
-    ropes = {type(layer.self_attn).__module__ for layer in layers}
-    for name in sorted(ropes):
-        if not callable(getattr(sys.modules.get(name), "apply_rotary_pos_emb", None)):
-            raise CliError(f"--fused: expected {name} to define apply_rotary_pos_emb (HF's "
-                           "rotary step), found none")  # fmt: skip
-    for cls in {type(layer.self_attn) for layer in layers}:
-        try:
-            calls = "apply_rotary_pos_emb(" in inspect.getsource(cls.forward)
-        except (OSError, TypeError):
-            calls = False
-        if not calls:  # swapping the module function would change nothing: say so
-            raise CliError(f"--fused: expected {cls.__name__}.forward to call its module's "
-                           "apply_rotary_pos_emb, found no such call")  # fmt: skip
-
-    def rope(q, k, cos, sin, unsqueeze_dim=1):
-        if unsqueeze_dim != 1:
-            raise ValueError(f"fused rotary: expected unsqueeze_dim=1 ([B, H, S, D] q/k), got "
-                             f"{unsqueeze_dim}")  # fmt: skip
-        return rotary(q, k, cos, sin, impl=impl)
-
-    saved = []  # see _set_forward
-    swapped = [(sys.modules[n], sys.modules[n].apply_rotary_pos_emb) for n in sorted(ropes)]
-    for m, _ in swapped:
-        m.apply_rotary_pos_emb = rope
-    for _, mod in norms:
-
-        def norm(x, _m=mod):
-            return rms_norm(x, _m.weight, eps=_m.variance_epsilon, impl=impl)
-
-        _set_forward(saved, mod, norm)
-    for _, mod in mlps:
-
-        def mlp(x, _m=mod):
-            return _m.down_proj(silu_mul(_m.gate_proj(x), _m.up_proj(x), impl=impl))
-
-        _set_forward(saved, mod, mlp)
-
-    def undo() -> None:
-        _restore_forwards(saved)
-        for m, fn in swapped:
-            m.apply_rotary_pos_emb = fn
-
-    return Patched(undo)
+    try:
+        return fuse_per_token_ops(model, impl=impl)
+    except ValueError as e:
+        raise CliError(f"--fused: {e}") from None
 
 
 def _sync(device) -> None:

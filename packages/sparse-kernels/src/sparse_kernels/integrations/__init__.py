@@ -1,0 +1,1 @@
+"""Integrations of the kernels with model libraries (see ``hf``)."""

@@ -186,13 +186,15 @@ def chunked_mlp(model, chunk: int = 16384):
     """Run every decoder layer's MLP and RMSNorms (and the final norm) over the sequence in
     chunks of ``chunk`` tokens. Exact: these act on each token alone, so 512K-1M token prefills
     do not hold the full fp32 norm or MLP intermediate activations."""
+    from sparse_kernels.integrations.hf import ForwardPatches
+
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise CliError(f"--mlp-chunk: expected an integer >= 1, got {chunk!r}")
     lm = language_model(model)
     mods = [getattr(layer, n) for layer in getattr(lm, "layers", []) for n in _PER_TOKEN]
     if getattr(lm, "norm", None) is not None:
         mods.append(lm.norm)
-    saved = []
+    patches = ForwardPatches()
     for mod in mods:
         fwd = mod.forward
 
@@ -203,27 +205,11 @@ def chunked_mlp(model, chunk: int = 16384):
                 [_fwd(x[:, i : i + chunk]) for i in range(0, x.shape[1], chunk)], dim=1
             )
 
-        _set_forward(saved, mod, run)
+        patches.set(mod, run)
     try:
         yield
     finally:
-        _restore_forwards(saved)
-
-
-def _set_forward(saved: list, mod, fn) -> None:
-    """``mod.forward = fn``, noting in ``saved`` what :func:`_restore_forwards` puts back."""
-    saved.append((mod, mod.__dict__.get("forward")))
-    mod.forward = fn
-
-
-def _restore_forwards(saved: list) -> None:
-    """Undo :func:`_set_forward` calls, last first: put back each instance's own attribute, or
-    remove it so that the class's method shows through again (no bound method left behind)."""
-    for mod, own in reversed(saved):
-        if own is None:
-            del mod.forward
-        else:
-            mod.forward = own
+        patches.remove()
 
 
 @contextlib.contextmanager

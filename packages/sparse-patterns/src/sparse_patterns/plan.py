@@ -246,21 +246,13 @@ class BlockPlan:
         when exact heads are all there is), plus one ``sparse_kernels.vertical_slash_attention``
         launch per group of exact-vertical heads and one ``sparse_kernels.triangle_attention``
         launch per group of exact A-shape heads."""
-        from sparse_kernels import (
-            AttentionOutput,
-            permuted_block_sparse_attention,
-            triangle_attention,
-            vertical_slash_attention,
-        )
+        from sparse_kernels import AttentionOutput, permuted_block_sparse_attention
 
         B, H, S, _ = q.shape
         parts = self._exact_parts
-        if len(parts) == 1 and list(parts[0].heads) == list(range(H)) and self.exact_a_shape:
-            # One exact A-shape launch over every head in order: its output is the layer's.
-            part = self.exact_a_shape[0]
-            return triangle_attention(
-                q, k, v, sink=part.sink, window=part.window, last=0, scale=scale, impl=impl
-            )
+        if len(parts) == 1 and list(parts[0].heads) == list(range(H)):
+            # One exact launch over every head in order: its output is the layer's, no buffer.
+            return self._run_part(parts[0], q, k, v, scale, impl)[1]
         if sum(len(p.heads) for p in parts) == H:
             res = AttentionOutput(
                 torch.empty_like(q), torch.empty(B, H, S, dtype=torch.float32, device=q.device)
@@ -284,25 +276,29 @@ class BlockPlan:
                 scale=scale,
                 impl=impl,
             )
-        for part in self.exact_vertical:
-            at, ks, vs = _head_subset(part.heads, q, k, v)
-            # The planner's indices are in range and strictly ascending by construction: no
-            # content checks (six host reads).
-            part_res = vertical_slash_attention(
-                q[:, at], ks, vs, part.vertical, part.slash, scale=scale, impl=impl,
-                block_m=self.block, block_n=self.block, check_indices=False,
-            )  # fmt: skip
-            res.out[:, at] = part_res.out
-            res.lse[:, at] = part_res.lse
-        for part in self.exact_a_shape:
-            at, ks, vs = _head_subset(part.heads, q, k, v)
-            part_res = triangle_attention(
-                q[:, at], ks, vs, sink=part.sink, window=part.window, last=0, scale=scale,
-                impl=impl,
-            )  # fmt: skip
+        for part in parts:
+            at, part_res = self._run_part(part, q, k, v, scale, impl)
             res.out[:, at] = part_res.out
             res.lse[:, at] = part_res.lse
         return res
+
+    def _run_part(self, part, q, k, v, scale, impl):
+        """``(at, AttentionOutput)`` of one group of exact heads (``q[:, at]``): exact-vertical
+        heads by ``vertical_slash_attention``, exact A-shape heads by ``triangle_attention``."""
+        from sparse_kernels import triangle_attention, vertical_slash_attention
+
+        at, ks, vs = _head_subset(part.heads, q, k, v)
+        if isinstance(part, ExactAShapeHeads):
+            return at, triangle_attention(
+                q[:, at], ks, vs, sink=part.sink, window=part.window, last=0, scale=scale,
+                impl=impl,
+            )  # fmt: skip
+        # The planner's indices are in range and strictly ascending by construction: no
+        # content checks (six host reads).
+        return at, vertical_slash_attention(
+            q[:, at], ks, vs, part.vertical, part.slash, scale=scale, impl=impl,
+            block_m=self.block, block_n=self.block, check_indices=False,
+        )  # fmt: skip
 
 
 def _head_subset(heads: tuple[int, ...], q, k, v):

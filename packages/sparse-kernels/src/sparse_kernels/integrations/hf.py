@@ -2,7 +2,8 @@
 
 ``fuse_per_token_ops(model)`` swaps, in every decoder layer of a Llama/Qwen2-style language model
 (Qwen2.5-VL, Qwen2-VL, LLaVA-OneVision's Qwen2 included), the RMSNorms, the MLP's SiLU gate and
-the rotary step for the fused kernels, and returns a handle whose ``remove()`` undoes it. It
+the rotary step for the fused kernels, and returns a handle (:class:`ForwardPatches`) whose
+``remove()`` undoes it. It
 imports nothing from transformers: it recognises the modules by what they hold.
 """
 
@@ -18,24 +19,34 @@ from ..fused import rms_norm, rotary, silu_mul
 _NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
-class FusedHandle:
-    """Undoes :func:`fuse_per_token_ops` (once; later calls do nothing)."""
+class ForwardPatches:
+    """Replaced ``forward`` methods of modules, undone together by :meth:`remove` (once; later
+    calls do nothing). Undoing puts back an instance's own ``forward`` attribute, or deletes the
+    patch so that the class's method shows through again: no bound method is left behind."""
 
-    def __init__(self, forwards: list, swapped: list):
-        self._forwards, self._swapped = forwards, swapped
-        self._live = True
+    def __init__(self):
+        self._saved: list = []
+        self._undo_more: list = []  # further undo callables, run after the forwards
+
+    def set(self, mod, fn) -> None:
+        """``mod.forward = fn``, remembering what to put back."""
+        self._saved.append((mod, mod.__dict__.get("forward")))
+        mod.forward = fn
+
+    def also_undo(self, undo) -> None:
+        """Run ``undo()`` on :meth:`remove`, after the forwards are back."""
+        self._undo_more.append(undo)
 
     def remove(self) -> None:
-        if not self._live:
-            return
-        self._live = False
-        for mod, own in reversed(self._forwards):
-            if own is None:  # the class's forward shows through again
+        saved, self._saved = self._saved, []
+        for mod, own in reversed(saved):
+            if own is None:
                 del mod.forward
             else:
                 mod.forward = own
-        for module, fn in self._swapped:
-            module.apply_rotary_pos_emb = fn
+        more, self._undo_more = self._undo_more, []
+        for undo in more:
+            undo()
 
 
 def _language_model(model):
@@ -84,7 +95,7 @@ def _check(layers, norms, mlps) -> list[str]:
     return ropes
 
 
-def fuse_per_token_ops(model, *, impl: str = "auto") -> FusedHandle:
+def fuse_per_token_ops(model, *, impl: str = "auto") -> ForwardPatches:
     """Run every decoder layer's RMSNorms (and the final norm), the SiLU gate of its MLP and the
     rotary embedding of its queries and keys through ``sparse_kernels.fused`` (one Triton pass
     each on CUDA; the PyTorch reference elsewhere).
@@ -114,18 +125,16 @@ def fuse_per_token_ops(model, *, impl: str = "auto") -> FusedHandle:
                              f"{unsqueeze_dim}")  # fmt: skip
         return rotary(q, k, cos, sin, impl=impl)
 
-    forwards: list = []
-
-    def patch(mod, fn) -> None:
-        forwards.append((mod, mod.__dict__.get("forward")))
-        mod.forward = fn
-
+    patches = ForwardPatches()
     for _, mod in norms:
-        patch(mod, lambda x, _m=mod: rms_norm(x, _m.weight, eps=_m.variance_epsilon, impl=impl))
+        patches.set(mod, lambda x, _m=mod: rms_norm(x, _m.weight, eps=_m.variance_epsilon,
+                                                    impl=impl))  # fmt: skip
     for _, mod in mlps:
-        patch(mod, lambda x, _m=mod: _m.down_proj(
+        patches.set(mod, lambda x, _m=mod: _m.down_proj(
             silu_mul(_m.gate_proj(x), _m.up_proj(x), impl=impl)))  # fmt: skip
-    swapped = [(sys.modules[n], sys.modules[n].apply_rotary_pos_emb) for n in ropes]
-    for module, _ in swapped:
+    for name in ropes:
+        module = sys.modules[name]
+        fn = module.apply_rotary_pos_emb
+        patches.also_undo(lambda _m=module, _f=fn: setattr(_m, "apply_rotary_pos_emb", _f))
         module.apply_rotary_pos_emb = rope
-    return FusedHandle(forwards, swapped)
+    return patches

@@ -1,6 +1,11 @@
 import pytest
 import torch
-from sparse_kernels.estimate import line_scores, line_scores_reference
+from sparse_kernels.estimate import (
+    line_folds,
+    line_folds_reference,
+    line_scores,
+    line_scores_reference,
+)
 from sparse_kernels.testing import assert_close_budget, default_device, kernel_dtypes, make_qkv
 
 DEV = default_device()
@@ -117,3 +122,101 @@ def test_every_lines_config_is_correct_gpu():
         vert, slash = est.line_scores_triton(q_rows, k, 5000 - 64, scale=128**-0.5, config=cfg)
         assert_close_budget(vert, low[0], gold[0], floor=FLOOR, name=f"vertical {cfg}")
         assert_close_budget(slash, low[1], gold[1], floor=FLOOR, name=f"slash {cfg}")
+
+
+# (B, H, H_KV, L, S, D, row_start, period, lo, hi, block_n)
+FOLD_CASES = [
+    pytest.param(1, 2, 2, 64, 300, 64, 236, 16, 16, 288, 64, id="last64-S300-P16-periods-per-tile"),
+    pytest.param(2, 4, 1, 16, 130, 32, 114, 5, 3, 125, 16, id="B2-gqa4-P5-window-off-periods"),
+    pytest.param(1, 3, 1, 10, 200, 32, 57, 32, 0, 200, 16, id="L10-middle-rows-P32-two-subtiles"),
+    pytest.param(1, 2, 2, 64, 600, 64, 536, 100, 100, 600, 64, id="P100-ragged-last-subtile"),
+    pytest.param(1, 2, 1, 1, 97, 16, 96, 7, 7, 91, 16, id="L1-P7"),
+    pytest.param(1, 2, 2, 16, 500, 16, 484, 48, 48, 480, 32, id="P48-one-period-per-tile"),
+    pytest.param(1, 2, 2, 16, 200, 16, 184, 16, 50, 50, 16, id="empty-window"),
+    pytest.param(1, 2, 2, 16, 64, 16, 48, 128, 0, 64, 16, id="period-past-S"),
+]
+
+
+def _check_folds(B, H, H_KV, L, S, D, row_start, period, lo, hi, block_n, dtype, **launch):
+    from sparse_kernels.estimate.triton import line_folds_triton
+
+    q, k, _ = make_qkv(B, H, H_KV, S, S, D, dtype=dtype, device=DEV, seed=S + L + period)
+    q_rows = q[:, :, row_start : row_start + L]
+    got = line_folds_triton(
+        q_rows, k, row_start, period, lo=lo, hi=hi, scale=D**-0.5, block_n=block_n, **launch
+    )
+    kw = dict(lo=lo, hi=hi, scale=D**-0.5)
+    gold = line_folds_reference(q_rows, k, row_start, period, **kw, compute_dtype=torch.float64)
+    low = line_folds_reference(q_rows, k, row_start, period, **kw)
+    assert got[0].shape == got[1].shape == (B, H, period)
+    assert_close_budget(got[0], low[0], gold[0], floor=FLOOR, name="vertical fold")
+    assert_close_budget(got[1], low[1], gold[1], floor=FLOOR, name="slash fold")
+
+
+@pytest.mark.parametrize("dtype", kernel_dtypes(), ids=str)
+@pytest.mark.parametrize("B, H, H_KV, L, S, D, row_start, period, lo, hi, block_n", FOLD_CASES)
+def test_line_folds_matches_reference(
+    B, H, H_KV, L, S, D, row_start, period, lo, hi, block_n, dtype
+):
+    _check_folds(B, H, H_KV, L, S, D, row_start, period, lo, hi, block_n, dtype)
+
+
+@pytest.mark.parametrize("programs", [1, 3, 7])
+def test_line_folds_with_several_segments_per_program(monkeypatch, programs):
+    """Few programs: each walks many segments, and partials of the same sub-tile are merged
+    across chunks (at test sizes the default split gives every program one segment)."""
+    from sparse_kernels.estimate import triton as est
+
+    monkeypatch.setattr(est, "_FOLD_PROGRAMS", programs)
+    _check_folds(1, 2, 1, 16, 700, 32, 684, 24, 24, 696, 16, torch.float32)
+
+
+def test_line_folds_reference_is_the_fold_of_line_scores():
+    """The folds' reference against a direct per-position sum of the line scores' reference."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 6, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 1, 40, 8, generator=g, dtype=torch.float64)
+    vert, slash = line_scores_reference(q, k, 34, scale=0.5, compute_dtype=torch.float64)
+    col, sl = line_folds_reference(q, k, 34, 6, lo=5, hi=37, scale=0.5, compute_dtype=torch.float64)
+    for c in range(6):
+        pos = [p for p in range(5, 37) if p % 6 == c]
+        assert torch.allclose(col[..., c].double(), vert[..., pos].sum(-1).double(), atol=1e-6)
+        assert torch.allclose(sl[..., c].double(), slash[..., pos].sum(-1).double(), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(period=0), ValueError, "period: expected >= 1"),
+        (dict(period=2.0), TypeError, "period: expected an int"),
+        (dict(lo=-1), ValueError, "0 <= lo <= hi <= S=96"),
+        (dict(hi=97), ValueError, "0 <= lo <= hi <= S=96"),
+        (dict(lo=50, hi=40), ValueError, "got lo=50, hi=40"),
+        (dict(row_start=90), ValueError, "row_start \\+ L <= S"),
+        (dict(q_rows=torch.randn(1, 3, 8, 16)), ValueError, "H % H_KV"),
+        (dict(impl="fast"), ValueError, "impl must be one of"),
+    ],
+)
+def test_line_folds_bad_input(kwargs, exc, match):
+    args = dict(
+        q_rows=torch.randn(1, 2, 8, 16), k=torch.randn(1, 2, 96, 16), row_start=88, period=8,
+        lo=8, hi=88,
+    )  # fmt: skip
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        line_folds(
+            args.pop("q_rows"), args.pop("k"), args.pop("row_start"), args.pop("period"), **args
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("block_n", [None, 64, 128], ids=lambda b: f"bn{b}")
+@pytest.mark.parametrize("num_warps", [4, 8], ids=lambda w: f"w{w}")
+def test_line_folds_qwen_shape_every_launch_setting_gpu(dtype, block_n, num_warps):
+    """Qwen2.5-VL-7B heads, 20000 keys, tokens-per-frame 256 and a ragged 324: each tile width
+    and warp count the tuning script tries is correct."""
+    for period in (256, 324):
+        S = 20000
+        _check_folds(1, 28, 4, 64, S, 128, S - 64, period, period, S // period * period,
+                     block_n, dtype, num_warps=num_warps)  # fmt: skip

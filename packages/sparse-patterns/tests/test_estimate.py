@@ -174,3 +174,114 @@ def test_search_grid_folded_views_match_direct_views(S, strides):
     best = direct.amax(-1, keepdim=True)
     first = (direct >= best * 0.85).to(torch.int8).argmax(-1)
     assert torch.equal(st, torch.tensor(strides)[first])
+
+
+@pytest.mark.parametrize("stride, phase, tpf, vline, slash", GRID_CASES)
+def test_grid_stride_and_phase_recovered_from_folds(stride, phase, tpf, vline, slash):
+    """The folded search (what plan_layer runs when the stride space has a small common period)
+    recovers the planted stride and phase exactly, from the fold kernel's sums as from the torch
+    reference's."""
+    S = 997
+    q, k, v = planted_grid_qkv(
+        1, 4, 2, S, 64, stride=stride, phase=phase, vline=vline, slash=slash, seed=stride
+    )
+    space = E.stride_space(tpf, max_stride=1024, S=S)
+    for impl in ("reference", "triton"):
+        cf, sf = E.last_line_folds(q, k, 64, tpf, scale=64**-0.5, impl=impl)
+        st, ph, _ = E.search_grid_folds(cf[0], sf[0], space)
+        assert torch.equal(st, torch.full_like(st, stride)), impl
+        assert torch.equal(ph, torch.full_like(ph, phase)), impl
+
+
+@pytest.mark.parametrize(
+    "S, strides",
+    [(1000, [2, 4, 8, 16, 32]), (4097, [2, 4, 8, 16, 32, 64, 128, 256]), (777, [3, 7, 21])],
+)
+def test_search_grid_folds_matches_direct_views_of_the_window(S, strides):
+    """Each stride's score and phase from the folded sums equal those of the direct view
+    ``x[lo:hi].reshape(-1, s)`` of the full vectors over :func:`grid_window`, and the chosen
+    stride is the smallest within rel_tol of the best, as in search_grid_lines."""
+    import math
+
+    from sparse_kernels.estimate.reference import fold_positions
+
+    g = torch.Generator().manual_seed(S)
+    col = torch.rand(3, S, generator=g) ** 4
+    sl = torch.rand(3, S, generator=g) ** 4
+    col[:, 5::21] += 1.0
+    sl[1, 3::16] += 0.5
+    P = math.lcm(*strides)
+    lo, hi = E.grid_window(P, S)
+    assert lo == P and hi == S // P * P
+    st, ph, sc = E.search_grid_folds(
+        fold_positions(col, P, lo, hi), fold_positions(sl, P, lo, hi), strides
+    )
+    both = torch.stack([col, sl])[..., lo:hi]
+    direct, phases = [], []
+    for s in strides:
+        v = both.reshape(2, 3, -1, s).mean(-2)
+        direct.append((v.amax(-1) / v.mean(-1)).amax(0))
+        phases.append(v[0].argmax(-1))
+    direct, phases = torch.stack(direct, -1), torch.stack(phases, -1)
+    first = (direct >= direct.amax(-1, keepdim=True) * 0.85).to(torch.int8).argmax(-1)
+    assert torch.equal(st, torch.tensor(strides)[first])
+    assert torch.equal(ph, phases.gather(-1, first[:, None])[:, 0])
+    assert torch.allclose(sc, direct.gather(-1, first[:, None])[:, 0], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "strides, match",
+    [
+        pytest.param([2, 5], "dividing the period 8", id="stride-not-dividing"),
+        pytest.param([], "dividing the period 8", id="no-stride"),
+    ],
+)
+def test_search_grid_folds_bad_strides(strides, match):
+    with pytest.raises(ValueError, match=match):
+        E.search_grid_folds(torch.rand(2, 8), torch.rand(2, 8), strides)
+
+
+def test_search_grid_folds_shape_mismatch():
+    with pytest.raises(ValueError, match="expected the shape of col_fold"):
+        E.search_grid_folds(torch.rand(2, 8), torch.rand(3, 8), [2, 4])
+
+
+@pytest.mark.parametrize("L", [16, 64, 200])
+def test_last_line_folds_triton_matches_torch_steps(L):
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(5)
+    q = torch.randn(1, 4, 300, 32).to(dev)
+    k = torch.randn(1, 2, 300, 32).to(dev)
+    ref = E.last_line_folds(q, k, L, 24, scale=0.2, impl="reference")
+    if L > 128:
+        with pytest.raises(ValueError, match="1 <= L <= 128"):
+            E.last_line_folds(q, k, L, 24, scale=0.2, impl="triton")
+        return
+    got = E.last_line_folds(q, k, L, 24, scale=0.2, impl="triton")
+    for a, b in zip(got, ref):
+        assert a.shape == (1, 4, 24)
+        assert torch.allclose(a, b, atol=2e-5, rtol=1e-5)
+
+
+def test_plan_layer_grid_uses_folds_only_where_the_period_fits(monkeypatch):
+    """Small common period: plan_layer's Grid search calls the fold path and never the full line
+    scores; FOLD_MAX_PERIOD below the period: the full line scores. Both find the planted grid."""
+    from sparse_patterns import mminference as MM
+
+    S = 997
+    q, k, _ = planted_grid_qkv(1, 4, 2, S, 64, stride=12, phase=7, vline=True, slash=False, seed=1)
+    lay = TokenLayout(torch.full((S,), 2), tokens_per_frame=24)
+    calls = []
+    for name in ("last_line_folds", "last_line_scores"):
+        fn = getattr(E, name)
+        monkeypatch.setattr(
+            E, name, lambda *a, _f=fn, _n=name, **kw: calls.append(_n) or _f(*a, **kw)
+        )
+    for max_period, want in ((4096, "last_line_folds"), (8, "last_line_scores")):
+        calls.clear()
+        monkeypatch.setattr(MM, "FOLD_MAX_PERIOD", max_period)
+        plan = plan_layer(q, k, Grid(use_vline=True, use_slash=False), lay, block=32)
+        # (the folds' torch reference, on the CPU, composes the line scores after that call)
+        assert calls[0] == want and calls.count("last_line_folds") == (want == "last_line_folds")
+        assert torch.equal(plan.meta["stride"], torch.full((1, 4), 12))
+        assert torch.equal(plan.meta["phase"], torch.full((1, 4), 7))

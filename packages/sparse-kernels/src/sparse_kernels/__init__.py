@@ -8,7 +8,7 @@ Layout ``[B, H, S, D]``; GQA handled natively; every op returns ``AttentionOutpu
 from ._types import AttentionOutput
 from .attention import attention
 from .block_sparse import block_sparse_attention
-from .estimate import line_scores
+from .estimate import line_folds, line_scores
 from .fused import rms_norm, rotary, silu_mul
 from .merge import merge_attention
 from .permuted import grid_permutation, permuted_block_sparse_attention
@@ -27,6 +27,7 @@ __all__ = [
     "block_sparse_attention",
     "build_vertical_slash_index",
     "grid_permutation",
+    "line_folds",
     "line_scores",
     "merge_attention",
     "permuted_block_sparse_attention",

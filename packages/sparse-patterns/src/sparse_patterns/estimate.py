@@ -101,6 +101,39 @@ def last_line_scores(
     return vertical_scores(p), _slash_scores(p, rows.shape, list(range(S - n, S)))
 
 
+def grid_window(period: int, S: int) -> tuple[int, int]:
+    """``(lo, hi)``: the positions a folded Grid search reads, ``[period, S // period * period)``:
+    whole periods only, so every class of every stride dividing ``period`` has the same count,
+    and the first period left out (sink and local-window mass sit there for every stride)."""
+    return period, S // period * period
+
+
+def last_line_folds(
+    q: torch.Tensor, k: torch.Tensor, L: int, period: int, *, scale: float, impl: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column and diagonal mass of the last ``L`` queries over :func:`grid_window`, summed per
+    residue modulo ``period``: ``(vertical_fold [B, H, period], slash_fold [B, H, period])``.
+    ``impl``: ``"triton"`` (``sparse_kernels.line_folds``: one pass over the keys, no ``[B, H,
+    S]`` vectors; ``L' <= 128``), ``"reference"`` (:func:`last_line_scores`' torch steps, then
+    folded), ``"auto"`` (triton on CUDA when ``L' <= 128``; the same sums either way)."""
+    from sparse_kernels import line_folds
+    from sparse_kernels._validate import resolve_impl
+    from sparse_kernels.estimate.reference import fold_positions
+
+    S = q.shape[2]
+    n = min(L, S)
+    lo, hi = grid_window(period, S)
+    which = resolve_impl(impl, q.device, "last_line_folds")
+    if impl == "auto" and n > 128:
+        which = "reference"
+    if which == "triton":
+        return line_folds(
+            q[:, :, S - n :], k, S - n, period, lo=lo, hi=hi, scale=scale, impl="triton"
+        )
+    col, sl = last_line_scores(q, k, L, scale=scale, impl="reference")
+    return fold_positions(col, period, lo, hi), fold_positions(sl, period, lo, hi)
+
+
 def topk_indices(scores: torch.Tensor, k: int, *, forced: int = 0) -> torch.Tensor:
     """Indices of the ``k`` largest entries along the last dim, the first ``forced`` always
     included (set to +inf first); sorted ascending, int64. ``k`` is clipped to the length."""
@@ -229,11 +262,7 @@ def search_grid_lines(
         acc = x[..., :SP].reshape(*x.shape[:-1], -1, P).sum(-2)  # [2, N, P]
         x_tail = torch.nn.functional.pad(x[..., SP:], (0, P - (S - SP)))
         v = (acc @ fold + x_tail @ tail - x[..., first_idx]) / n  # [2, N, sum(s)]
-        vp = v[..., valid.clamp_min(0)].masked_fill(valid < 0, float("-inf"))  # [2, N, k, P]
-        best, arg = vp.max(-1)
-        mean = vp.masked_fill(valid < 0, 0.0).sum(-1) / svec
-        sc = (best / mean.clamp_min(1e-30)).amax(0)  # [N, k]
-        ph = arg[0]
+        sc, ph = _ratios_of_class_sums(v, valid, svec)  # [N, k]
     else:
         both = torch.stack([col, sl])  # one view per stride for the two kinds of line
         for s in strides:
@@ -242,12 +271,76 @@ def search_grid_lines(
             phases.append(arg[0])
         sc = torch.stack(scores, -1)
         ph = torch.stack(phases, -1)
-    best = sc.amax(-1, keepdim=True)
-    first = (sc >= best * (1.0 - rel_tol)).to(torch.int8).argmax(-1, keepdim=True)
     if svec is None:
         svec = to_device(torch.tensor(strides), col.device)
+    return _smallest_near_best(sc, ph, svec, rel_tol)
+
+
+def _smallest_near_best(sc, ph, svec, rel_tol: float):
+    """The smallest stride whose score ``sc [N, k]`` is within ``rel_tol`` of the best, with
+    its phase (``ph [N, k]``) and score."""
+    best = sc.amax(-1, keepdim=True)
+    first = (sc >= best * (1.0 - rel_tol)).to(torch.int8).argmax(-1, keepdim=True)
     st = svec[first.squeeze(-1)]
     return st, ph.gather(-1, first).squeeze(-1), sc.gather(-1, first).squeeze(-1)
+
+
+def _ratios_of_class_sums(v, valid, svec):
+    """Per-stride concentration ratios of class sums ``v [2, N, sum(s)]`` (stride-major, both
+    kinds of line), on a padded ``[k, P]`` view: ``(score [N, k], phase of the column view
+    [N, k])``."""
+    vp = v[..., valid.clamp_min(0)].masked_fill(valid < 0, float("-inf"))  # [2, N, k, P]
+    best, arg = vp.max(-1)
+    mean = vp.masked_fill(valid < 0, 0.0).sum(-1) / svec
+    return (best / mean.clamp_min(1e-30)).amax(0), arg[0]
+
+
+def search_grid_folds(
+    col_fold: torch.Tensor,
+    sl_fold: torch.Tensor,
+    strides: list[int],
+    *,
+    rel_tol: float = 0.15,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Algorithm 1 on folded line scores (:func:`last_line_folds`): the same stride choice as
+    :func:`search_grid_lines`, with every stride viewing the window of :func:`grid_window`.
+
+    ``col_fold``, ``sl_fold``: ``[..., P]`` sums per residue modulo ``P``, every residue
+    summed over the same number of positions; every stride must divide ``P``. Stride ``s``'s
+    class ``c`` then sums the residues ``c, c + s, ...`` (all with the same count, so the ratio
+    best / mean needs no counts). Returns ``(stride, phase, score)`` like
+    :func:`search_grid_lines`."""
+    P = col_fold.shape[-1]
+    if sl_fold.shape != col_fold.shape:
+        raise ValueError(
+            f"sl_fold: expected the shape of col_fold {tuple(col_fold.shape)}, got "
+            f"{tuple(sl_fold.shape)}"
+        )
+    strides = sorted(strides)
+    bad = [s for s in strides if s < 1 or P % s]
+    if not strides or bad:
+        raise ValueError(
+            f"search_grid_folds: expected strides dividing the period {P}, got {strides}"
+        )
+    fold, valid, svec = _residue_fold(tuple(strides), P, col_fold.device)
+    v = torch.stack([col_fold, sl_fold]).float() @ fold  # [2, ..., sum(s)]
+    sc, ph = _ratios_of_class_sums(v, valid, svec)
+    return _smallest_near_best(sc, ph, svec, rel_tol)
+
+
+@functools.lru_cache(maxsize=64)
+def _residue_fold(strides: tuple[int, ...], P: int, device: torch.device):
+    """``fold [P, sum(s)]`` (residue mod ``P`` -> class of each stride, stride-major),
+    ``valid [k, P]`` (column of (stride i, class c), -1 past the stride), ``svec [k]``."""
+    fold = torch.zeros(P, sum(strides))
+    valid = torch.full((len(strides), P), -1, dtype=torch.long)
+    r = torch.arange(P)
+    o = 0
+    for i, s in enumerate(strides):
+        fold[r, o + r % s] = 1.0
+        valid[i, :s] = torch.arange(o, o + s)
+        o += s
+    return tuple(to_device(t, device) for t in (fold, valid, torch.tensor(strides)))
 
 
 def pool_blocks(x: torch.Tensor, block: int) -> torch.Tensor:

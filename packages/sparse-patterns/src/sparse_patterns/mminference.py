@@ -11,6 +11,7 @@ block lists and per-head permutations, so grouping by pattern type costs no extr
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import torch
@@ -138,6 +139,7 @@ class _Ctx:
         self.layout = layout
         self._p_mod: dict[int, torch.Tensor] = {}
         self._lines_last: dict[int, tuple] = {}
+        self._line_folds: dict[tuple[int, int], tuple] = {}
         self.mod = layout.modality
 
     # Modality bookkeeping only the boundary planners need (torch.unique syncs with the GPU).
@@ -159,6 +161,25 @@ class _Ctx:
         if L not in self._lines_last:
             self._lines_last[L] = E.last_line_scores(self.q, self.k, L, scale=self.scale)
         return self._lines_last[L]
+
+    def line_folds(self, L: int, period: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`~sparse_patterns.estimate.last_line_folds` of the last ``L`` queries,
+        ``[B, H, period]`` each: folded from the line scores when another group of the layer
+        already made them, else one pass of the fold kernel (on CUDA)."""
+        key = (L, period)
+        if key not in self._line_folds:
+            if L in self._lines_last:
+                from sparse_kernels.estimate.reference import fold_positions
+
+                lo, hi = E.grid_window(period, self.S)
+                self._line_folds[key] = tuple(
+                    fold_positions(x, period, lo, hi) for x in self._lines_last[L]
+                )
+            else:
+                self._line_folds[key] = E.last_line_folds(
+                    self.q, self.k, L, period, scale=self.scale
+                )
+        return self._line_folds[key]
 
     def p_mod(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = _modality_rows(self.mod, self.uniq, L)
@@ -268,9 +289,7 @@ def _plan_vs(ctx: _Ctx, hs, cfgs, exact: bool = False, exact_lists: bool = True)
 def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     dev = ctx.q.device
     L = max(c.pattern.last_q for c in cfgs)
-    col_all, sl_all = ctx.lines_last(L)
-    col, sl = ctx.sel(col_all, hs), ctx.sel(sl_all, hs)  # [N, S]
-    N = col.shape[0]
+    N = ctx.B * len(hs)
     stride = torch.zeros(N, dtype=torch.int64, device=dev)
     phase = torch.zeros(N, dtype=torch.int64, device=dev)
     # Heads sharing a stride space are searched together (a loop over distinct spaces, not heads).
@@ -290,18 +309,29 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
         ns = sorted(ns)
         whole = len(ns) == N  # one stride space for every head: no index tensors
         sel = slice(None) if whole else to_device(torch.tensor(ns), dev)
-        cs, ss = (col, sl) if whole else (col[sel], sl[sel])
-        if len(sp) == 1:
-            s = sp[0]
-            n_per = max(1, (ctx.S - s) // s)
-            v = (
-                cs[..., s : s + n_per * s].reshape(len(ns), n_per, s).mean(-2)
-                if 2 * s <= ctx.S
-                else cs[..., :s]
-            )
-            st, ph = torch.full((len(ns),), s, device=dev), v.argmax(-1)
+        P = math.lcm(*sp)
+        if 2 * P <= ctx.S and P <= FOLD_MAX_PERIOD:
+            # Every stride divides P: the search reads the line scores folded modulo P over
+            # whole periods (one pass of the fold kernel on CUDA, no [B, H, S] vectors).
+            cf, sf = (ctx.sel(x, hs) for x in ctx.line_folds(L, P))
+            cs, ss = (cf, sf) if whole else (cf[sel], sf[sel])
+            if len(sp) == 1:
+                st, ph = torch.full((len(ns),), P, device=dev), cs.argmax(-1)
+            else:
+                st, ph, _ = E.search_grid_folds(cs, ss, list(sp))
         else:
-            st, ph, _ = E.search_grid_lines(cs, ss, list(sp))
+            col, sl = (ctx.sel(x, hs) for x in ctx.lines_last(L))  # [N, S]
+            cs, ss = (col, sl) if whole else (col[sel], sl[sel])
+            if len(sp) == 1:
+                s = sp[0]
+                v = (
+                    cs[..., s : ctx.S // s * s].reshape(len(ns), -1, s).mean(-2)
+                    if 2 * s <= ctx.S
+                    else cs[..., :s]
+                )
+                st, ph = torch.full((len(ns),), s, device=dev), v.argmax(-1)
+            else:
+                st, ph, _ = E.search_grid_lines(cs, ss, list(sp))
         if whole:
             stride, phase = st.to(torch.int64), ph.to(torch.int64)
         else:
@@ -395,6 +425,9 @@ def _scatter_true(mask: torch.Tensor, idx: torch.Tensor, ok: torch.Tensor) -> No
 
 # Boundary heads of these kinds build their block lists from row runs (see
 # ``_boundary_block_mask``); the element path stays the reference and serves the SF baselines.
+# Grid stride spaces whose common period is at most this (and at most S / 2) are searched on
+# line scores folded modulo the period (``last_line_folds``); wider ones on the full vectors.
+FOLD_MAX_PERIOD = 4096
 _RUN_KINDS = ("dense", "a_shape", "tri_shape")
 _BOUNDARY_BLOCK_LEVEL = True  # False: every boundary head on the element path (tests compare)
 # Elements of one batch of run ranges ([N, runs, ranges per run], several int64 temporaries).

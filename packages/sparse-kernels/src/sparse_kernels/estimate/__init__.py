@@ -1,6 +1,6 @@
 """Estimation kernels: the column and diagonal mass of the last query rows' attention."""
 
-from .api import line_scores
-from .reference import line_scores_reference
+from .api import line_folds, line_scores
+from .reference import line_folds_reference, line_scores_reference
 
-__all__ = ["line_scores", "line_scores_reference"]
+__all__ = ["line_folds", "line_folds_reference", "line_scores", "line_scores_reference"]

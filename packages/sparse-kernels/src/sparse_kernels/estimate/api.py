@@ -11,7 +11,7 @@ from .._validate import (
     check_triton_head_dim,
     resolve_impl,
 )
-from .reference import line_scores_reference
+from .reference import line_folds_reference, line_scores_reference
 
 
 def line_scores(
@@ -40,6 +40,18 @@ def line_scores(
         scale: softmax scale (default ``D ** -0.5``).
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
     """
+    D = _check_rows_and_keys(q_rows, k, row_start)
+    scale = check_scale(scale, D)
+    if resolve_impl(impl, q_rows.device, "line_scores") == "reference":
+        return line_scores_reference(q_rows, k, row_start, scale=scale)
+    check_triton_head_dim(D, "line_scores")
+    from .triton import line_scores_triton
+
+    return line_scores_triton(q_rows, k, row_start, scale=scale)
+
+
+def _check_rows_and_keys(q_rows: torch.Tensor, k: torch.Tensor, row_start: int) -> int:
+    """Validate the inputs :func:`line_scores` and :func:`line_folds` share; returns ``D``."""
     check_tensor(q_rows, "q_rows")
     check_tensor(k, "k")
     for name, t in (("q_rows", q_rows), ("k", k)):
@@ -71,10 +83,51 @@ def line_scores(
             f"row_start: expected 0 <= row_start and row_start + L <= S (L={L}, S={S}), "
             f"got {row_start}"
         )
-    scale = check_scale(scale, D)
-    if resolve_impl(impl, q_rows.device, "line_scores") == "reference":
-        return line_scores_reference(q_rows, k, row_start, scale=scale)
-    check_triton_head_dim(D, "line_scores")
-    from .triton import line_scores_triton
+    return D
 
-    return line_scores_triton(q_rows, k, row_start, scale=scale)
+
+def line_folds(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    row_start: int,
+    period: int,
+    *,
+    lo: int,
+    hi: int,
+    scale: float | None = None,
+    impl: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The line scores of :func:`line_scores` over the positions ``lo .. hi - 1``, summed per
+    residue modulo ``period``: float32 ``(vertical_fold, slash_fold)``, each ``[B, H, period]``,
+    ``vertical_fold[c] = sum of vertical[j] over lo <= j < hi, j % period == c`` and the same of
+    ``slash`` over the diagonal offsets ``o``. The rows' distributions are over all their
+    causally visible keys (the window only selects what is summed).
+
+    This is all a Grid head's stride and phase search reads when every candidate stride divides
+    ``period``. The Triton path streams the keys once (online softmax, one accumulator of
+    ``L x period`` partial sums per row and program, no log-sum-exp pass, no ``[B, H, S]``
+    vectors): about half the work of :func:`line_scores`, whose second pass also gathers every
+    tile along its diagonals.
+
+    Args:
+        q_rows, k, row_start, scale: as in :func:`line_scores`.
+        period: ``>= 1``.
+        lo, hi: ``0 <= lo <= hi <= S``.
+        impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
+    """
+    D = _check_rows_and_keys(q_rows, k, row_start)
+    S = k.shape[2]
+    for name, val in (("period", period), ("lo", lo), ("hi", hi)):
+        if isinstance(val, bool) or not isinstance(val, int):
+            raise TypeError(f"{name}: expected an int, got {type(val).__name__}")
+    if period < 1:
+        raise ValueError(f"period: expected >= 1, got {period}")
+    if not 0 <= lo <= hi <= S:
+        raise ValueError(f"lo, hi: expected 0 <= lo <= hi <= S={S}, got lo={lo}, hi={hi}")
+    scale = check_scale(scale, D)
+    if resolve_impl(impl, q_rows.device, "line_folds") == "reference":
+        return line_folds_reference(q_rows, k, row_start, period, lo=lo, hi=hi, scale=scale)
+    check_triton_head_dim(D, "line_folds")
+    from .triton import line_folds_triton
+
+    return line_folds_triton(q_rows, k, row_start, period, lo=lo, hi=hi, scale=scale)

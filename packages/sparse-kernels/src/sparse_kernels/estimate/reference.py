@@ -31,3 +31,32 @@ def line_scores_reference(
         rr = min(row_start + n, S - 1)
         slash[..., : rr + 1] += p[..., n, : rr + 1].flip(-1)
     return vertical.float(), slash.float()
+
+
+def line_folds_reference(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    row_start: int,
+    period: int,
+    *,
+    lo: int,
+    hi: int,
+    scale: float,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """See :func:`sparse_kernels.estimate.line_folds`: the line scores of
+    :func:`line_scores_reference`, restricted to positions ``lo .. hi - 1`` and summed per residue
+    modulo ``period``."""
+    vert, slash = line_scores_reference(
+        q_rows, k, row_start, scale=scale, compute_dtype=compute_dtype
+    )
+    return fold_positions(vert, period, lo, hi), fold_positions(slash, period, lo, hi)
+
+
+def fold_positions(x: torch.Tensor, period: int, lo: int, hi: int) -> torch.Tensor:
+    """``out[..., c] = sum of x[..., p] over lo <= p < hi with p % period == c``, float32."""
+    pos = torch.arange(lo, hi, device=x.device)
+    out = torch.zeros(*x.shape[:-1], period, dtype=torch.float32, device=x.device)
+    if hi > lo:
+        out.index_add_(x.ndim - 1, pos % period, x[..., lo:hi].float())
+    return out

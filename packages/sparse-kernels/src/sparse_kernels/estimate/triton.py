@@ -11,15 +11,31 @@ probabilities of each key block once, writes its column sums (vertical sums) and
 once along the key axis: one triangle of the gathered tile sums to the key block's share of the
 current offset block, the other to its share of the next (slash sums). Every key and every offset
 is written by exactly one program.
+
+Line folds (``_line_folds_fwd_kernel``, one pass): the same sums restricted to a window of
+positions and summed per residue modulo a period, which is all a Grid head's stride search reads.
+Each program keeps an online softmax per row and two ``[BLOCK_L, BLOCK_N]`` accumulators whose
+columns are fixed residues; ``_line_folds_merge_kernel`` combines the programs' partials with
+the rows' log-sum-exp, and torch folds the rows' slash sums by offset class.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import LOG2E, autotune_off, bench_config, block_d, configs, on_interpreter
+from .._triton.config import (
+    FP32_CONFIG,
+    LOG2E,
+    autotune_off,
+    bench_config,
+    block_d,
+    configs,
+    on_interpreter,
+)
 
 
 def _prune_lines(configs_, named_args, **kwargs):
@@ -364,3 +380,260 @@ def line_scores_triton(
             num_stages=config.num_stages,
         )  # fmt: skip
     return vert.reshape(B, H, S), slash.reshape(B, H, S)
+
+
+# Line folds (one pass). Keys are cut into segments of SEG positions (a multiple of the period),
+# each segment into sub-tiles of BLOCK_N; a program owns one sub-tile position t of a run of
+# segments, so every key it reads has residue (t * BLOCK_N + n) mod period, whatever the
+# segment: the per-row sums fold into one [BLOCK_L, BLOCK_N] accumulator without a gather.
+_FOLD_BLOCK_N = 128
+# Programs per launch the key range is split into (the partial accumulators they write are
+# BLOCK_L x BLOCK_N floats each, two per program, so this also bounds that scratch memory).
+_FOLD_PROGRAMS = 1024
+
+
+@triton.jit
+def _line_folds_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    m_ptr,
+    l_ptr,
+    acol_ptr,
+    asl_ptr,
+    stride_q_b,
+    stride_q_h,
+    stride_q_s,
+    stride_k_b,
+    stride_k_h,
+    stride_k_s,
+    H,
+    GROUP,
+    L,
+    S,
+    row_start,
+    SEG,
+    n_sub,
+    n_seg,
+    seg_per_chunk,
+    n_chunks,
+    lo,
+    hi,
+    qk_scale,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pos, b, h, bh = _group_major(H, GROUP)
+    t = pos % n_sub
+    c = pos // n_sub
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    q, kb = _rows_and_keys(
+        q_ptr, k_ptr, b, h, GROUP, L, stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h,
+        offs_l, offs_d, D,
+    )  # fmt: skip
+    r = row_start + offs_l
+    n_keys = tl.minimum(S, row_start + L)
+    width = tl.minimum(BLOCK_N, SEG - t * BLOCK_N)
+    last_row = row_start + L - 1
+    # Online softmax per row (base 2): the accumulators hold sum_j exp2(s_j - m_i) of the keys
+    # inside the window (a_col: key j in [lo, hi); a_sl: offset r - j in [lo, hi)) and l_i that
+    # of every visible key, all rescaled when the row max m_i grows.
+    m_i = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
+    a_col = tl.zeros([BLOCK_L, BLOCK_N], dtype=tl.float32)
+    a_sl = tl.zeros([BLOCK_L, BLOCK_N], dtype=tl.float32)
+    g_lo = c * seg_per_chunk
+    g_hi = tl.minimum(g_lo + seg_per_chunk, n_seg)
+    for g in range(g_lo, g_hi):
+        j0 = g * SEG + t * BLOCK_N
+        j = j0 + offs_n
+        # A full tile whose keys precede every row by at least lo, lie inside [lo, hi) and
+        # after every row's r - hi counts for all four sums unmasked.
+        inside = (
+            (width == BLOCK_N)
+            & (j0 + BLOCK_N - 1 <= row_start - lo)
+            & (j0 >= lo)
+            & (j0 + BLOCK_N <= hi)
+            & (j0 > last_row - hi)
+            & (L == BLOCK_L)
+        )
+        if inside:
+            kt = tl.load(
+                kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
+                mask=offs_d[:, None] < D,
+                other=0.0,
+            )
+            if IEEE:
+                s = tl.dot(q, kt, input_precision="ieee")
+            else:
+                s = tl.dot(q, kt)
+            s = s * qk_scale
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            a_col = a_col * alpha[:, None] + p
+            a_sl = a_sl * alpha[:, None] + p
+            m_i = m_new
+        else:
+            ok_j = (j < n_keys) & (offs_n < width)
+            kt = tl.load(
+                kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
+                mask=ok_j[None, :] & (offs_d[:, None] < D),
+                other=0.0,
+            )
+            if IEEE:
+                s = tl.dot(q, kt, input_precision="ieee")
+            else:
+                s = tl.dot(q, kt)
+            valid = ok_j[None, :] & (j[None, :] <= r[:, None]) & (offs_l[:, None] < L)
+            s = tl.where(valid, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            o = r[:, None] - j[None, :]
+            in_col = (j[None, :] >= lo) & (j[None, :] < hi)
+            a_col = a_col * alpha[:, None] + tl.where(in_col, p, 0.0)
+            a_sl = a_sl * alpha[:, None] + tl.where((o >= lo) & (o < hi), p, 0.0)
+            m_i = m_new
+    part = (bh * n_sub + t) * n_chunks + c
+    tl.store(m_ptr + part * BLOCK_L + offs_l, m_i)
+    tl.store(l_ptr + part * BLOCK_L + offs_l, l_i)
+    at = part.to(tl.int64) * (BLOCK_L * BLOCK_N) + offs_l[:, None] * BLOCK_N + offs_n[None, :]
+    tl.store(acol_ptr + at, a_col)
+    tl.store(asl_ptr + at, a_sl)
+
+
+@triton.jit
+def _line_folds_merge_kernel(
+    m_ptr,
+    l_ptr,
+    acol_ptr,
+    asl_ptr,
+    col_ptr,
+    sl_ptr,
+    L,
+    n_sub,
+    n_chunks,
+    SEG_W,
+    BLOCK_L: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Program (bh, t): the row log-sum-exp over every partial of head bh, then sub-tile t's
+    # partial sums weighted by exp2(m_part - M) / sum and added: the vertical sums over rows
+    # (col[bh, t * BLOCK_N + n]) and the per-row slash sums (sl[bh, l, t * BLOCK_N + n]).
+    bh = tl.program_id(0)
+    t = tl.program_id(1)
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_n = tl.arange(0, BLOCK_N)
+    n_part = n_sub * n_chunks
+    base = bh * n_part
+    mx = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
+    tot = tl.zeros([BLOCK_L], dtype=tl.float32)
+    for i in range(n_part):
+        m = tl.load(m_ptr + (base + i) * BLOCK_L + offs_l)
+        lsum = tl.load(l_ptr + (base + i) * BLOCK_L + offs_l)
+        m_new = tl.maximum(mx, m)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        tot = tot * tl.exp2(mx - m_safe) + lsum * tl.exp2(m - m_safe)
+        mx = m_new
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    inv = 1.0 / tl.where(tot > 0, tot, 1.0)  # rows past L have no keys (and no sums)
+    acc_col = tl.zeros([BLOCK_L, BLOCK_N], dtype=tl.float32)
+    acc_sl = tl.zeros([BLOCK_L, BLOCK_N], dtype=tl.float32)
+    for c in range(n_chunks):
+        part = base + t * n_chunks + c
+        w = tl.exp2(tl.load(m_ptr + part * BLOCK_L + offs_l) - mx) * inv
+        at = part.to(tl.int64) * (BLOCK_L * BLOCK_N) + offs_l[:, None] * BLOCK_N + offs_n[None, :]
+        acc_col += tl.load(acol_ptr + at) * w[:, None]
+        acc_sl += tl.load(asl_ptr + at) * w[:, None]
+    row_ok = offs_l[:, None] < L
+    tl.store(
+        col_ptr + bh.to(tl.int64) * SEG_W + t * BLOCK_N + offs_n,
+        tl.sum(tl.where(row_ok, acc_col, 0.0), 0),
+    )
+    out = (bh.to(tl.int64) * L + offs_l[:, None]) * SEG_W + t * BLOCK_N + offs_n[None, :]
+    tl.store(sl_ptr + out, acc_sl, mask=row_ok)
+
+
+def _fold_plan(
+    period: int, n_keys: int, heads: int, block_n: int
+) -> tuple[int, int, int, int, int]:
+    """``(SEG, n_sub, n_seg, seg_per_chunk, n_chunks)`` of a launch (see the kernel)."""
+    seg = period if period >= block_n else period * (block_n // period)
+    n_sub = triton.cdiv(seg, block_n)
+    n_seg = triton.cdiv(n_keys, seg)
+    seg_per_chunk = max(1, triton.cdiv(n_seg * n_sub * heads, _FOLD_PROGRAMS))
+    return seg, n_sub, n_seg, seg_per_chunk, triton.cdiv(n_seg, seg_per_chunk)
+
+
+def line_folds_triton(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    row_start: int,
+    period: int,
+    *,
+    lo: int,
+    hi: int,
+    scale: float,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass over the keys, then the partial sums merged in torch (``block_n``, ``num_warps``,
+    ``num_stages``: the kernel's tile and launch settings, for tests and tuning)."""
+    B, H, L, D = q_rows.shape
+    H_KV, S = k.shape[1], k.shape[2]
+    q_rows = q_rows if q_rows.stride(-1) == 1 else q_rows.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    BLOCK_L = max(16, triton.next_power_of_2(L))
+    dev = q_rows.device
+    P = period
+    if block_n is None:
+        # fp32 goes through exact (FMA-emulated) dots: a narrow tile, as in the other kernels.
+        block_n = FP32_CONFIG["BLOCK_N"] if q_rows.dtype == torch.float32 else _FOLD_BLOCK_N
+    n_keys = min(S, row_start + L)
+    seg, n_sub, n_seg, per, n_chunks = _fold_plan(P, n_keys, B * H, block_n)
+    BH, n_part = B * H, n_sub * n_chunks
+    m = torch.empty(BH, n_part, BLOCK_L, dtype=torch.float32, device=dev)
+    lsum = torch.empty_like(m)
+    acol = torch.empty(BH, n_part, BLOCK_L, block_n, dtype=torch.float32, device=dev)
+    asl = torch.empty_like(acol)
+    G = H // H_KV
+    if num_stages is None:
+        num_stages = 1 if on_interpreter() else 2
+    _line_folds_fwd_kernel[(n_chunks * n_sub * G, B * H_KV)](
+        q_rows, k, m, lsum, acol, asl,
+        q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        H, G, L, S, row_start, seg, n_sub, n_seg, per, n_chunks, lo, hi, scale * LOG2E,
+        D=D, BLOCK_D=block_d(D), BLOCK_L=BLOCK_L, BLOCK_N=block_n,
+        IEEE=q_rows.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    seg_w = n_sub * block_n
+    col = torch.empty(BH, seg_w, dtype=torch.float32, device=dev)
+    sl = torch.empty(BH, L, seg_w, dtype=torch.float32, device=dev)
+    _line_folds_merge_kernel[(BH, n_sub)](
+        m, lsum, acol, asl, col, sl, L, n_sub, n_chunks, seg_w,
+        BLOCK_L=BLOCK_L, BLOCK_N=block_n, num_warps=4,
+    )  # fmt: skip
+    if seg_w != P:
+        col = col[:, :seg].reshape(BH, seg // P, P).sum(1)
+        sl = sl[..., :seg].reshape(BH, L, seg // P, P).sum(2)  # [BH, L, P], by key residue
+    # Row l's key residue e is offset residue (r_l - e) mod P: gather each row by offset class.
+    sl = sl.gather(2, _slash_residues(row_start, L, P, dev).expand(BH, L, P)).sum(1)
+    return col.reshape(B, H, P), sl.reshape(B, H, P)
+
+
+@functools.lru_cache(maxsize=32)
+def _slash_residues(row_start: int, L: int, P: int, device: torch.device) -> torch.Tensor:
+    """int64 ``[L, P]``: the key residue that offset residue ``c`` is in row ``l``,
+    ``(row_start + l - c) mod P``."""
+    r = torch.arange(row_start, row_start + L)
+    return ((r[:, None] - torch.arange(P)[None, :]) % P).to(device)

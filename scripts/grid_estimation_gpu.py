@@ -1,0 +1,134 @@
+"""Grid estimation at 128K-1M on a GPU: the fold kernel (``line_folds``) against the two-pass
+``line_scores``, its launch settings, and ``plan_layer`` + run split against the Grid kernel,
+with the fold path on and off in the same process (``FOLD_MAX_PERIOD = 0`` forces the old
+path). Qwen2.5-VL-7B attention shape, the planted video of ``bench_grid.py``.
+
+    python3 scripts/grid_estimation_gpu.py --seqs 131072 524288 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from _load import load_repo_module
+from sparse_kernels.benchmarking import cuda_time_ms, env_info
+from sparse_kernels.estimate import line_folds, line_folds_reference, line_scores
+from sparse_kernels.estimate.triton import line_folds_triton
+from sparse_patterns import Grid, HeadConfig, plan_layer
+from sparse_patterns import estimate as E
+from sparse_patterns import mminference as MM
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", type=int, nargs="+", default=[131072])
+    ap.add_argument("--variants", action="store_true", help="time fold kernel launch settings")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--rep", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    bg = load_repo_module("bench_grid", "packages/sparse-patterns/benchmarks/bench_grid.py")
+    res = {"env": env_info(), "rows": []}
+    cfgs = [HeadConfig(Grid(use_hline=False, use_vline=True, use_slash=True))] * bg.H
+    P = bg.TPF
+    for S in a.seqs:
+        q, k, v = bg._video_qkv(S)
+        lay = bg._layout(S)
+        L = 64
+        qr = q[:, :, S - L :]
+        lo, hi = E.grid_window(P, S)
+        sc = bg.D**-0.5
+        row = {"S": S}
+        # correctness of the folds against the float64 reference on this shape (sampled heads)
+        if S <= 131072:
+            got = line_folds(qr, k, S - L, P, lo=lo, hi=hi, scale=sc)
+            gold = line_folds_reference(
+                qr[:, :4], k[:, :1], S - L, P, lo=lo, hi=hi, scale=sc, compute_dtype=torch.float64
+            )
+            row["fold_max_abs_err_vs_f64"] = max(
+                float((got[i][:, :4].double() - gold[i]).abs().max()) for i in range(2)
+            )
+        row["line_scores_ms"] = cuda_time_ms(
+            lambda: line_scores(qr, k, S - L, scale=sc), warmup=3, rep=a.rep
+        )
+        row["line_folds_ms"] = cuda_time_ms(
+            lambda: line_folds(qr, k, S - L, P, lo=lo, hi=hi, scale=sc), warmup=3, rep=a.rep
+        )
+        if a.variants:
+            for bn in (64, 128):
+                for w in (4, 8):
+                    for st in (2, 3, 4):
+                        fn = lambda: line_folds_triton(  # noqa: E731
+                            qr,
+                            k,
+                            S - L,
+                            P,
+                            lo=lo,
+                            hi=hi,
+                            scale=sc,
+                            block_n=bn,
+                            num_warps=w,
+                            num_stages=st,
+                        )
+                        try:
+                            row[f"folds_bn{bn}_w{w}_s{st}_ms"] = cuda_time_ms(
+                                fn, warmup=2, rep=a.rep
+                            )
+                        except Exception as e:  # noqa: BLE001
+                            row[f"folds_bn{bn}_w{w}_s{st}_ms"] = repr(e)[:200]
+        plan = plan_layer(q, k, cfgs, lay, block=bg.BLOCK)
+        phases = (torch.arange(bg.H, device="cuda") // (bg.H // bg.H_KV) * 37) % P
+        row["stride_phase_exact"] = bool(
+            torch.equal(plan.meta["stride"][0], torch.full((bg.H,), P, device="cuda"))
+            and torch.equal(plan.meta["phase"][0], phases)
+        )
+        _ = plan._launch_lists
+        kern = lambda: plan.run(q, k, v)  # noqa: E731
+        row["kernel_ms"] = cuda_time_ms(kern, warmup=3, rep=10)
+        for name, maxp in (("fold", MM.FOLD_MAX_PERIOD), ("lines", 0)):
+            MM.FOLD_MAX_PERIOD = maxp
+            try:
+                row[f"plan_ms_{name}"] = cuda_time_ms(
+                    lambda: plan_layer(q, k, cfgs, lay, block=bg.BLOCK), warmup=3, rep=a.rep
+                )
+                row[f"estimation_ms_{name}"] = cuda_time_ms(
+                    lambda: plan_layer(q, k, cfgs, lay, block=bg.BLOCK)._launch_lists,
+                    warmup=3,
+                    rep=a.rep,
+                )
+                p2 = plan_layer(q, k, cfgs, lay, block=bg.BLOCK)
+                row[f"same_lists_{name}"] = bool(
+                    torch.equal(p2.kv_block_indices, plan.kv_block_indices)
+                    and torch.equal(p2.kv_block_counts, plan.kv_block_counts)
+                )
+            finally:
+                MM.FOLD_MAX_PERIOD = 4096
+        row["estimation_over_kernel_fold"] = row["estimation_ms_fold"] / row["kernel_ms"]
+        row["estimation_over_kernel_lines"] = row["estimation_ms_lines"] / row["kernel_ms"]
+        print(json.dumps(row), flush=True)
+        res["rows"].append(row)
+        if a.profile:
+            fn = lambda: plan_layer(q, k, cfgs, lay, block=bg.BLOCK)._launch_lists  # noqa: E731
+            fn()
+            torch.cuda.synchronize()
+            with torch.profiler.profile(
+                activities=[
+                    torch.profiler.ProfilerActivity.CPU,
+                    torch.profiler.ProfilerActivity.CUDA,
+                ]
+            ) as prof:
+                fn()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        bg._video_qkv.cache_clear()
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

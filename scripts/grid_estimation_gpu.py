@@ -123,6 +123,17 @@ def main() -> None:
                 torch.cuda.synchronize()
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+            import cProfile
+            import pstats
+
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+            pr.disable()
+            pstats.Stats(pr).sort_stats("cumulative").print_stats(45)
+            pstats.Stats(pr).sort_stats("tottime").print_stats(25)
         bg._video_qkv.cache_clear()
         torch.cuda.empty_cache()
     if a.json:

@@ -185,6 +185,8 @@ def test_grid_stride_and_phase_recovered_from_folds(stride, phase, tpf, vline, s
     q, k, v = planted_grid_qkv(
         1, 4, 2, S, 64, stride=stride, phase=phase, vline=vline, slash=slash, seed=stride
     )
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k = q.to(dev), k.to(dev)
     space = E.stride_space(tpf, max_stride=1024, S=S)
     for impl in ("reference", "triton"):
         cf, sf = E.last_line_folds(q, k, 64, tpf, scale=64**-0.5, impl=impl)

@@ -523,42 +523,46 @@ def _line_folds_merge_kernel(
     n_chunks,
     SEG_W,
     BLOCK_L: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # Program (bh, t): the row log-sum-exp over every partial of head bh, then sub-tile t's
-    # partial sums weighted by exp2(m_part - M) / sum and added: the vertical sums over rows
-    # (col[bh, t * BLOCK_N + n]) and the per-row slash sums (sl[bh, l, t * BLOCK_N + n]).
+    # Program (bh, t, row group g): for rows g * BLOCK_R .., the log-sum-exp over every partial
+    # of head bh, then sub-tile t's partial sums weighted by exp2(m_part - M) / sum and added:
+    # the group's vertical sums (col[bh, g, t * BLOCK_N + n], summed over groups by the caller)
+    # and the per-row slash sums (sl[bh, l, t * BLOCK_N + n]).
     bh = tl.program_id(0)
     t = tl.program_id(1)
-    offs_l = tl.arange(0, BLOCK_L)
+    g = tl.program_id(2)
+    offs_r = g * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_n = tl.arange(0, BLOCK_N)
     n_part = n_sub * n_chunks
     base = bh * n_part
-    mx = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
-    tot = tl.zeros([BLOCK_L], dtype=tl.float32)
+    mx = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    tot = tl.zeros([BLOCK_R], dtype=tl.float32)
     for i in range(n_part):
-        m = tl.load(m_ptr + (base + i) * BLOCK_L + offs_l)
-        lsum = tl.load(l_ptr + (base + i) * BLOCK_L + offs_l)
+        m = tl.load(m_ptr + (base + i) * BLOCK_L + offs_r)
+        lsum = tl.load(l_ptr + (base + i) * BLOCK_L + offs_r)
         m_new = tl.maximum(mx, m)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         tot = tot * tl.exp2(mx - m_safe) + lsum * tl.exp2(m - m_safe)
         mx = m_new
     mx = tl.where(mx == float("-inf"), 0.0, mx)
     inv = 1.0 / tl.where(tot > 0, tot, 1.0)  # rows past L have no keys (and no sums)
-    acc_col = tl.zeros([BLOCK_L, BLOCK_N], dtype=tl.float32)
-    acc_sl = tl.zeros([BLOCK_L, BLOCK_N], dtype=tl.float32)
+    acc_col = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
+    acc_sl = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
     for c in range(n_chunks):
         part = base + t * n_chunks + c
-        w = tl.exp2(tl.load(m_ptr + part * BLOCK_L + offs_l) - mx) * inv
-        at = part.to(tl.int64) * (BLOCK_L * BLOCK_N) + offs_l[:, None] * BLOCK_N + offs_n[None, :]
+        w = tl.exp2(tl.load(m_ptr + part * BLOCK_L + offs_r) - mx) * inv
+        at = part.to(tl.int64) * (BLOCK_L * BLOCK_N) + offs_r[:, None] * BLOCK_N + offs_n[None, :]
         acc_col += tl.load(acol_ptr + at) * w[:, None]
         acc_sl += tl.load(asl_ptr + at) * w[:, None]
-    row_ok = offs_l[:, None] < L
+    row_ok = offs_r[:, None] < L
+    n_g = BLOCK_L // BLOCK_R
     tl.store(
-        col_ptr + bh.to(tl.int64) * SEG_W + t * BLOCK_N + offs_n,
+        col_ptr + (bh.to(tl.int64) * n_g + g) * SEG_W + t * BLOCK_N + offs_n,
         tl.sum(tl.where(row_ok, acc_col, 0.0), 0),
     )
-    out = (bh.to(tl.int64) * L + offs_l[:, None]) * SEG_W + t * BLOCK_N + offs_n[None, :]
+    out = (bh.to(tl.int64) * L + offs_r[:, None]) * SEG_W + t * BLOCK_N + offs_n[None, :]
     tl.store(sl_ptr + out, acc_sl, mask=row_ok)
 
 
@@ -617,12 +621,15 @@ def line_folds_triton(
         IEEE=q_rows.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     seg_w = n_sub * block_n
-    col = torch.empty(BH, seg_w, dtype=torch.float32, device=dev)
+    block_r = min(16, BLOCK_L)
+    n_g = BLOCK_L // block_r
+    col = torch.empty(BH, n_g, seg_w, dtype=torch.float32, device=dev)
     sl = torch.empty(BH, L, seg_w, dtype=torch.float32, device=dev)
-    _line_folds_merge_kernel[(BH, n_sub)](
+    _line_folds_merge_kernel[(BH, n_sub, n_g)](
         m, lsum, acol, asl, col, sl, L, n_sub, n_chunks, seg_w,
-        BLOCK_L=BLOCK_L, BLOCK_N=block_n, num_warps=4,
+        BLOCK_L=BLOCK_L, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4,
     )  # fmt: skip
+    col = col.sum(1)
     if seg_w != P:
         col = col[:, :seg].reshape(BH, seg // P, P).sum(1)
         sl = sl[..., :seg].reshape(BH, L, seg // P, P).sum(2)  # [BH, L, P], by key residue

@@ -26,6 +26,13 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, nargs="+", default=[131072])
     ap.add_argument("--variants", action="store_true", help="time fold kernel launch settings")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument(
+        "--programs",
+        type=int,
+        nargs="*",
+        default=[],
+        help="time line_folds with these program counts",
+    )
     ap.add_argument("--rep", type=int, default=20)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -56,6 +63,16 @@ def main() -> None:
         row["line_folds_ms"] = cuda_time_ms(
             lambda: line_folds(qr, k, S - L, P, lo=lo, hi=hi, scale=sc), warmup=3, rep=a.rep
         )
+        for n in a.programs:
+            from sparse_kernels.estimate import triton as est
+
+            old, est._FOLD_PROGRAMS = est._FOLD_PROGRAMS, n
+            try:
+                row[f"line_folds_programs{n}_ms"] = cuda_time_ms(
+                    lambda: line_folds(qr, k, S - L, P, lo=lo, hi=hi, scale=sc), warmup=3, rep=a.rep
+                )
+            finally:
+                est._FOLD_PROGRAMS = old
         if a.variants:
             for bn in (64, 128):
                 for w in (4, 8):

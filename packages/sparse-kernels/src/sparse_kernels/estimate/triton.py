@@ -393,6 +393,20 @@ _FOLD_PROGRAMS = 1024
 
 
 @triton.jit
+def _key_scores(q, kb, j, ok_j, offs_d, stride_k_s, qk_scale, D: tl.constexpr, IEEE: tl.constexpr):
+    """Scaled scores (base 2) ``[BLOCK_L, BLOCK_N]`` of the rows against keys ``j`` (the keys
+    where ``ok_j`` is false are loaded as zeros)."""
+    kt = tl.load(
+        kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
+        mask=ok_j[None, :] & (offs_d[:, None] < D),
+        other=0.0,
+    )
+    if IEEE:
+        return tl.dot(q, kt, input_precision="ieee") * qk_scale
+    return tl.dot(q, kt) * qk_scale
+
+
+@triton.jit
 def _line_folds_fwd_kernel(
     q_ptr,
     k_ptr,
@@ -452,7 +466,7 @@ def _line_folds_fwd_kernel(
         j0 = g * SEG + t * BLOCK_N
         j = j0 + offs_n
         # A full tile whose keys precede every row by at least lo, lie inside [lo, hi) and
-        # after every row's r - hi counts for all four sums unmasked.
+        # after every row's r - hi counts for the row sums and both accumulators unmasked.
         inside = (
             (width == BLOCK_N)
             & (j0 + BLOCK_N - 1 <= row_start - lo)
@@ -462,16 +476,7 @@ def _line_folds_fwd_kernel(
             & (L == BLOCK_L)
         )
         if inside:
-            kt = tl.load(
-                kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
-                mask=offs_d[:, None] < D,
-                other=0.0,
-            )
-            if IEEE:
-                s = tl.dot(q, kt, input_precision="ieee")
-            else:
-                s = tl.dot(q, kt)
-            s = s * qk_scale
+            s = _key_scores(q, kb, j, offs_n >= 0, offs_d, stride_k_s, qk_scale, D, IEEE)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
@@ -481,17 +486,9 @@ def _line_folds_fwd_kernel(
             m_i = m_new
         else:
             ok_j = (j < n_keys) & (offs_n < width)
-            kt = tl.load(
-                kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
-                mask=ok_j[None, :] & (offs_d[:, None] < D),
-                other=0.0,
-            )
-            if IEEE:
-                s = tl.dot(q, kt, input_precision="ieee")
-            else:
-                s = tl.dot(q, kt)
+            s = _key_scores(q, kb, j, ok_j, offs_d, stride_k_s, qk_scale, D, IEEE)
             valid = ok_j[None, :] & (j[None, :] <= r[:, None]) & (offs_l[:, None] < L)
-            s = tl.where(valid, s * qk_scale, float("-inf"))
+            s = tl.where(valid, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_safe)

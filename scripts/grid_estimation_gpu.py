@@ -50,9 +50,16 @@ def main() -> None:
         row = {"S": S}
         # correctness of the folds against the float64 reference on this shape (sampled heads)
         if S <= 131072:
-            got = line_folds(qr, k, S - L, P, lo=lo, hi=hi, scale=sc)
+            got = line_folds(qr, k, S - L, period=P, lo=lo, hi=hi, scale=sc)
             gold = line_folds_reference(
-                qr[:, :4], k[:, :1], S - L, P, lo=lo, hi=hi, scale=sc, compute_dtype=torch.float64
+                qr[:, :4],
+                k[:, :1],
+                S - L,
+                period=P,
+                lo=lo,
+                hi=hi,
+                scale=sc,
+                compute_dtype=torch.float64,
             )
             row["fold_max_abs_err_vs_f64"] = max(
                 float((got[i][:, :4].double() - gold[i]).abs().max()) for i in range(2)
@@ -61,7 +68,7 @@ def main() -> None:
             lambda: line_scores(qr, k, S - L, scale=sc), warmup=3, rep=a.rep
         )
         row["line_folds_ms"] = cuda_time_ms(
-            lambda: line_folds(qr, k, S - L, P, lo=lo, hi=hi, scale=sc), warmup=3, rep=a.rep
+            lambda: line_folds(qr, k, S - L, period=P, lo=lo, hi=hi, scale=sc), warmup=3, rep=a.rep
         )
         for n in a.programs:
             from sparse_kernels.estimate import triton as est
@@ -69,7 +76,9 @@ def main() -> None:
             old, est._FOLD_PROGRAMS = est._FOLD_PROGRAMS, n
             try:
                 row[f"line_folds_programs{n}_ms"] = cuda_time_ms(
-                    lambda: line_folds(qr, k, S - L, P, lo=lo, hi=hi, scale=sc), warmup=3, rep=a.rep
+                    lambda: line_folds(qr, k, S - L, period=P, lo=lo, hi=hi, scale=sc),
+                    warmup=3,
+                    rep=a.rep,
                 )
             finally:
                 est._FOLD_PROGRAMS = old
@@ -81,7 +90,7 @@ def main() -> None:
                             qr,
                             k,
                             S - L,
-                            P,
+                            period=P,
                             lo=lo,
                             hi=hi,
                             scale=sc,

@@ -134,6 +134,9 @@ FOLD_CASES = [
     pytest.param(1, 2, 2, 16, 500, 16, 484, 48, 48, 480, 32, id="P48-one-period-per-tile"),
     pytest.param(1, 2, 2, 16, 200, 16, 184, 16, 50, 50, 16, id="empty-window"),
     pytest.param(1, 2, 2, 16, 64, 16, 48, 128, 0, 64, 16, id="period-past-S"),
+    pytest.param(1, 2, 2, 16, 64, 16, 48, 1000, 0, 64, 16, id="period-far-past-S-capped-subtiles"),
+    pytest.param(2, 2, 1, 20, 300, 32, 280, 12, 12, 288, 32, id="B2-L20-two-row-groups"),
+    pytest.param(1, 2, 1, 128, 400, 32, 272, 24, 24, 384, None, id="L128-default-tile"),
 ]
 
 
@@ -143,11 +146,13 @@ def _check_folds(B, H, H_KV, L, S, D, row_start, period, lo, hi, block_n, dtype,
     q, k, _ = make_qkv(B, H, H_KV, S, S, D, dtype=dtype, device=DEV, seed=S + L + period)
     q_rows = q[:, :, row_start : row_start + L]
     got = line_folds_triton(
-        q_rows, k, row_start, period, lo=lo, hi=hi, scale=D**-0.5, block_n=block_n, **launch
+        q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=D**-0.5, block_n=block_n, **launch
     )
     kw = dict(lo=lo, hi=hi, scale=D**-0.5)
-    gold = line_folds_reference(q_rows, k, row_start, period, **kw, compute_dtype=torch.float64)
-    low = line_folds_reference(q_rows, k, row_start, period, **kw)
+    gold = line_folds_reference(
+        q_rows, k, row_start, period=period, **kw, compute_dtype=torch.float64
+    )
+    low = line_folds_reference(q_rows, k, row_start, period=period, **kw)
     assert got[0].shape == got[1].shape == (B, H, period)
     assert_close_budget(got[0], low[0], gold[0], floor=FLOOR, name="vertical fold")
     assert_close_budget(got[1], low[1], gold[1], floor=FLOOR, name="slash fold")
@@ -168,7 +173,7 @@ def test_line_folds_with_several_segments_per_program(monkeypatch, programs):
     from sparse_kernels.estimate import triton as est
 
     monkeypatch.setattr(est, "_FOLD_PROGRAMS", programs)
-    _check_folds(1, 2, 1, 16, 700, 32, 684, 24, 24, 696, 16, torch.float32)
+    _check_folds(2, 2, 1, 16, 700, 32, 684, 24, 24, 696, 16, torch.float32)
 
 
 def test_line_folds_reference_is_the_fold_of_line_scores():
@@ -177,7 +182,9 @@ def test_line_folds_reference_is_the_fold_of_line_scores():
     q = torch.randn(1, 2, 6, 8, generator=g, dtype=torch.float64)
     k = torch.randn(1, 1, 40, 8, generator=g, dtype=torch.float64)
     vert, slash = line_scores_reference(q, k, 34, scale=0.5, compute_dtype=torch.float64)
-    col, sl = line_folds_reference(q, k, 34, 6, lo=5, hi=37, scale=0.5, compute_dtype=torch.float64)
+    col, sl = line_folds_reference(
+        q, k, 34, period=6, lo=5, hi=37, scale=0.5, compute_dtype=torch.float64
+    )
     for c in range(6):
         pos = [p for p in range(5, 37) if p % 6 == c]
         assert torch.allclose(col[..., c].double(), vert[..., pos].sum(-1).double(), atol=1e-6)
@@ -204,9 +211,7 @@ def test_line_folds_bad_input(kwargs, exc, match):
     )  # fmt: skip
     args.update(kwargs)
     with pytest.raises(exc, match=match):
-        line_folds(
-            args.pop("q_rows"), args.pop("k"), args.pop("row_start"), args.pop("period"), **args
-        )
+        line_folds(args.pop("q_rows"), args.pop("k"), args.pop("row_start"), **args)
 
 
 @pytest.mark.gpu
@@ -220,3 +225,16 @@ def test_line_folds_qwen_shape_every_launch_setting_gpu(dtype, block_n, num_warp
         S = 20000
         _check_folds(1, 28, 4, 64, S, 128, S - 64, period, period, S // period * period,
                      block_n, dtype, num_warps=num_warps)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "L, dtype",
+    [(128, torch.bfloat16), (100, torch.float16), (64, torch.float32), (128, torch.float32)],
+    ids=str,
+)
+def test_line_folds_default_settings_gpu(L, dtype):
+    """The default launch for 128-row blocks (64-wide tiles, 8 warps) and for fp32 (exact dots,
+    narrow tiles)."""
+    S = 6000
+    _check_folds(1, 8, 2, L, S, 128, S - L, 256, 256, S // 256 * 256, None, dtype)

@@ -189,7 +189,7 @@ def test_grid_stride_and_phase_recovered_from_folds(stride, phase, tpf, vline, s
     q, k = q.to(dev), k.to(dev)
     space = E.stride_space(tpf, max_stride=1024, S=S)
     for impl in ("reference", "triton"):
-        cf, sf = E.last_line_folds(q, k, 64, tpf, scale=64**-0.5, impl=impl)
+        cf, sf = E.last_line_folds(q, k, 64, period=tpf, scale=64**-0.5, impl=impl)
         st, ph, _ = E.search_grid_folds(cf[0], sf[0], space)
         assert torch.equal(st, torch.full_like(st, stride)), impl
         assert torch.equal(ph, torch.full_like(ph, phase)), impl
@@ -254,12 +254,12 @@ def test_last_line_folds_triton_matches_torch_steps(L):
     torch.manual_seed(5)
     q = torch.randn(1, 4, 300, 32).to(dev)
     k = torch.randn(1, 2, 300, 32).to(dev)
-    ref = E.last_line_folds(q, k, L, 24, scale=0.2, impl="reference")
+    ref = E.last_line_folds(q, k, L, period=24, scale=0.2, impl="reference")
     if L > 128:
         with pytest.raises(ValueError, match="1 <= L <= 128"):
-            E.last_line_folds(q, k, L, 24, scale=0.2, impl="triton")
+            E.last_line_folds(q, k, L, period=24, scale=0.2, impl="triton")
         return
-    got = E.last_line_folds(q, k, L, 24, scale=0.2, impl="triton")
+    got = E.last_line_folds(q, k, L, period=24, scale=0.2, impl="triton")
     for a, b in zip(got, ref):
         assert a.shape == (1, 4, 24)
         assert torch.allclose(a, b, atol=2e-5, rtol=1e-5)
@@ -287,3 +287,59 @@ def test_plan_layer_grid_uses_folds_only_where_the_period_fits(monkeypatch):
         assert calls[0] == want and calls.count("last_line_folds") == (want == "last_line_folds")
         assert torch.equal(plan.meta["stride"], torch.full((1, 4), 12))
         assert torch.equal(plan.meta["phase"], torch.full((1, 4), 7))
+
+
+def test_plan_layer_grid_empty_stride_space_raises():
+    """A frame size with no divisor that fits (7 tokens per frame, S=20: strides <= S/4 = 5)."""
+    q, k = torch.randn(1, 2, 20, 16), torch.randn(1, 1, 20, 16)
+    lay = TokenLayout(torch.full((20,), 2), tokens_per_frame=7)
+    with pytest.raises(ValueError, match="expected a stride space with at least one stride"):
+        plan_layer(q, k, Grid(), lay, block=4)
+
+
+def _count_calls(monkeypatch, names):
+    calls = []
+    for name in names:
+        fn = getattr(E, name)
+        monkeypatch.setattr(
+            E, name, lambda *a, _f=fn, _n=name, **kw: calls.append(_n) or _f(*a, **kw)
+        )
+    return calls
+
+
+def test_plan_layer_mixed_vs_grid_layer_passes_over_the_keys_once(monkeypatch):
+    """A layer whose first head is Grid and whose others are Vertical-Slash: the line scores are
+    made once (the Vertical-Slash group is planned first) and the Grid search folds them, with
+    the same plan as when the Grid heads run the fold pass of their own."""
+    from sparse_patterns import HeadConfig, VerticalSlash
+    from sparse_patterns import mminference as MM
+
+    S = 997
+    q, k, _ = planted_grid_qkv(1, 4, 2, S, 64, stride=12, phase=7, vline=True, slash=True, seed=2)
+    lay = TokenLayout(torch.full((S,), 2), tokens_per_frame=24)
+    heads = [HeadConfig(Grid())] + [HeadConfig(VerticalSlash(n_vertical=30, n_slash=40))] * 3
+    calls = _count_calls(monkeypatch, ["last_line_folds", "last_line_scores"])
+    mixed = plan_layer(q, k, heads, lay, block=32)
+    assert calls == ["last_line_scores"]
+    alone = plan_layer(q, k, Grid(), lay, block=32)
+    assert int(mixed.meta["stride"][0, 0]) == int(alone.meta["stride"][0, 0]) == 12
+    assert int(mixed.meta["phase"][0, 0]) == int(alone.meta["phase"][0, 0]) == 7
+    W = alone.kv_block_indices.shape[-1]  # the mixed layer's lists are as wide as its widest group
+    assert torch.equal(mixed.kv_block_indices[:, 0, :, :W], alone.kv_block_indices[:, 0])
+    assert torch.equal(mixed.kv_block_counts[:, 0], alone.kv_block_counts[:, 0])
+    assert MM.FOLD_MAX_PERIOD == 4096
+
+
+def test_plan_layer_grid_several_periods_make_the_line_scores_once(monkeypatch):
+    """Grid heads with two fixed strides (two common periods): one line-score pass, folded per
+    period, and each head gets its own stride."""
+    S = 997
+    q, k, _ = planted_grid_qkv(1, 4, 2, S, 64, stride=12, phase=7, vline=True, slash=False, seed=1)
+    from sparse_patterns import HeadConfig
+
+    calls = _count_calls(monkeypatch, ["last_line_folds", "last_line_scores"])
+    heads = [HeadConfig(Grid(stride=12)), HeadConfig(Grid(stride=8))] * 2
+    plan = plan_layer(q, k, heads, None, block=32)
+    assert calls == ["last_line_scores"]
+    assert plan.meta["stride"].tolist() == [[12, 8, 12, 8]]
+    assert plan.meta["phase"][0, 0] == 7 and plan.meta["phase"][0, 2] == 7

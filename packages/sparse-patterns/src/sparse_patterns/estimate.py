@@ -109,16 +109,16 @@ def grid_window(period: int, S: int) -> tuple[int, int]:
 
 
 def last_line_folds(
-    q: torch.Tensor, k: torch.Tensor, L: int, period: int, *, scale: float, impl: str = "auto"
+    q: torch.Tensor, k: torch.Tensor, L: int, *, period: int, scale: float, impl: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Column and diagonal mass of the last ``L`` queries over :func:`grid_window`, summed per
     residue modulo ``period``: ``(vertical_fold [B, H, period], slash_fold [B, H, period])``.
     ``impl``: ``"triton"`` (``sparse_kernels.line_folds``: one pass over the keys, no ``[B, H,
-    S]`` vectors; ``L' <= 128``), ``"reference"`` (:func:`last_line_scores`' torch steps, then
+    S]`` vectors; needs ``L' = min(L, S) <= 128``), ``"reference"`` (:func:`last_line_scores`' torch steps, then
     folded), ``"auto"`` (triton on CUDA when ``L' <= 128``; the same sums either way)."""
     from sparse_kernels import line_folds
     from sparse_kernels._validate import resolve_impl
-    from sparse_kernels.estimate.reference import fold_positions
+    from sparse_kernels.estimate import fold_positions
 
     S = q.shape[2]
     n = min(L, S)
@@ -128,7 +128,7 @@ def last_line_folds(
         which = "reference"
     if which == "triton":
         return line_folds(
-            q[:, :, S - n :], k, S - n, period, lo=lo, hi=hi, scale=scale, impl="triton"
+            q[:, :, S - n :], k, S - n, period=period, lo=lo, hi=hi, scale=scale, impl="triton"
         )
     col, sl = last_line_scores(q, k, L, scale=scale, impl="reference")
     return fold_positions(col, period, lo, hi), fold_positions(sl, period, lo, hi)
@@ -276,7 +276,9 @@ def search_grid_lines(
     return _smallest_near_best(sc, ph, svec, rel_tol)
 
 
-def _smallest_near_best(sc, ph, svec, rel_tol: float):
+def _smallest_near_best(
+    sc: torch.Tensor, ph: torch.Tensor, svec: torch.Tensor, rel_tol: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The smallest stride whose score ``sc [N, k]`` is within ``rel_tol`` of the best, with
     its phase (``ph [N, k]``) and score."""
     best = sc.amax(-1, keepdim=True)
@@ -285,7 +287,9 @@ def _smallest_near_best(sc, ph, svec, rel_tol: float):
     return st, ph.gather(-1, first).squeeze(-1), sc.gather(-1, first).squeeze(-1)
 
 
-def _ratios_of_class_sums(v, valid, svec):
+def _ratios_of_class_sums(
+    v: torch.Tensor, valid: torch.Tensor, svec: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-stride concentration ratios of class sums ``v [2, N, sum(s)]`` (stride-major, both
     kinds of line), on a padded ``[k, P]`` view: ``(score [N, k], phase of the column view
     [N, k])``."""

@@ -169,7 +169,7 @@ class _Ctx:
         key = (L, period)
         if key not in self._line_folds:
             if L in self._lines_last:
-                from sparse_kernels.estimate.reference import fold_positions
+                from sparse_kernels.estimate import fold_positions
 
                 lo, hi = E.grid_window(period, self.S)
                 self._line_folds[key] = tuple(
@@ -177,7 +177,7 @@ class _Ctx:
                 )
             else:
                 self._line_folds[key] = E.last_line_folds(
-                    self.q, self.k, L, period, scale=self.scale
+                    self.q, self.k, L, period=period, scale=self.scale
                 )
         return self._line_folds[key]
 
@@ -286,6 +286,11 @@ def _plan_vs(ctx: _Ctx, hs, cfgs, exact: bool = False, exact_lists: bool = True)
     return idx, cnt, None, None, {"exact_vertical": exact_parts}
 
 
+def _folds_fit(P: int, S: int) -> bool:
+    """Whether a stride space of common period ``P`` is searched on line folds."""
+    return 2 * P <= S and P <= FOLD_MAX_PERIOD
+
+
 def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     dev = ctx.q.device
     L = max(c.pattern.last_q for c in cfgs)
@@ -304,13 +309,23 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
                 E.stride_space(ctx.layout.tokens_per_frame, max_stride=c.max_stride, S=ctx.S)
             )
         )
+        if not sp:
+            raise ValueError(
+                f"Grid head {i}: expected a stride space with at least one stride <= S/4, got none "
+                f"for S={ctx.S} and tokens_per_frame={ctx.layout.tokens_per_frame}"
+            )
         spaces.setdefault(sp, []).extend(range(i, N, Hg))
+    folded = {P for P in map(lambda sp: math.lcm(*sp), spaces) if _folds_fit(P, ctx.S)}
+    if len(folded) > 1:
+        # Several common periods: one line-score pass, folded per period in torch, costs less
+        # than one fold pass over the keys per period.
+        ctx.lines_last(L)
     for sp, ns in spaces.items():
         ns = sorted(ns)
         whole = len(ns) == N  # one stride space for every head: no index tensors
         sel = slice(None) if whole else to_device(torch.tensor(ns), dev)
         P = math.lcm(*sp)
-        if 2 * P <= ctx.S and P <= FOLD_MAX_PERIOD:
+        if _folds_fit(P, ctx.S):
             # Every stride divides P: the search reads the line scores folded modulo P over
             # whole periods (one pass of the fold kernel on CUDA, no [B, H, S] vectors).
             cf, sf = (ctx.sel(x, hs) for x in ctx.line_folds(L, P))
@@ -813,7 +828,12 @@ def plan_layer(
         groups.setdefault((type(c.pattern), bkind, exact), []).append(h)
     nb = -(-S // block)
     results = []
-    for (ptype, bkind, exact), hs in groups.items():
+    # Vertical-Slash groups first: the line scores they make are cached, and a Grid group folds
+    # them instead of passing over the keys again.
+    order = sorted(
+        groups.items(), key=lambda g: not (g[0][0] is VerticalSlash and g[0][1] == "none")
+    )
+    for (ptype, bkind, exact), hs in order:
         gc = [cfgs[h] for h in hs]
         if bkind in ("q", "2d"):
             res = _plan_boundary(ctx, hs, gc, two_d=bkind == "2d")

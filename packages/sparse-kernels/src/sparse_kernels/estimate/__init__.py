@@ -1,6 +1,12 @@
 """Estimation kernels: the column and diagonal mass of the last query rows' attention."""
 
 from .api import line_folds, line_scores
-from .reference import line_folds_reference, line_scores_reference
+from .reference import fold_positions, line_folds_reference, line_scores_reference
 
-__all__ = ["line_folds", "line_folds_reference", "line_scores", "line_scores_reference"]
+__all__ = [
+    "fold_positions",
+    "line_folds",
+    "line_folds_reference",
+    "line_scores",
+    "line_scores_reference",
+]

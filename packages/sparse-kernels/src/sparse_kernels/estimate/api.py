@@ -90,8 +90,8 @@ def line_folds(
     q_rows: torch.Tensor,
     k: torch.Tensor,
     row_start: int,
-    period: int,
     *,
+    period: int,
     lo: int,
     hi: int,
     scale: float | None = None,
@@ -126,8 +126,8 @@ def line_folds(
         raise ValueError(f"lo, hi: expected 0 <= lo <= hi <= S={S}, got lo={lo}, hi={hi}")
     scale = check_scale(scale, D)
     if resolve_impl(impl, q_rows.device, "line_folds") == "reference":
-        return line_folds_reference(q_rows, k, row_start, period, lo=lo, hi=hi, scale=scale)
+        return line_folds_reference(q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale)
     check_triton_head_dim(D, "line_folds")
     from .triton import line_folds_triton
 
-    return line_folds_triton(q_rows, k, row_start, period, lo=lo, hi=hi, scale=scale)
+    return line_folds_triton(q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale)

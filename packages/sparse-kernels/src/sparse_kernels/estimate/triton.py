@@ -37,6 +37,15 @@ from .._triton.config import (
     on_interpreter,
 )
 
+# Line folds (one pass). Keys are cut into segments of ``seg`` positions (a multiple of the period),
+# each segment into sub-tiles of BLOCK_N; a program owns one sub-tile position t of a run of
+# segments, so every key it reads has residue (t * BLOCK_N + n) mod period, whatever the
+# segment: the per-row sums fold into one [BLOCK_L, BLOCK_N] accumulator without a gather.
+_FOLD_BLOCK_N = 128
+# Programs per launch the key range is split into (the partial accumulators they write are
+# BLOCK_L x BLOCK_N floats each, two per program, so this also bounds that scratch memory).
+_FOLD_PROGRAMS = 1024
+
 
 def _prune_lines(configs_, named_args, **kwargs):
     """fp32 (exact dots) and autotune-off runs: the smallest config."""
@@ -91,6 +100,20 @@ def _rows_and_keys(
     )
     kb = k_ptr + b.to(tl.int64) * stride_k_b + (h // GROUP).to(tl.int64) * stride_k_h
     return q, kb
+
+
+@triton.jit
+def _key_scores(q, kb, j, ok_j, offs_d, stride_k_s, qk_scale, D: tl.constexpr, IEEE: tl.constexpr):
+    """Scaled scores (base 2) ``[BLOCK_L, BLOCK_N]`` of the rows against keys ``j`` (the keys
+    where ``ok_j`` is false are loaded as zeros)."""
+    kt = tl.load(
+        kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
+        mask=ok_j[None, :] & (offs_d[:, None] < D),
+        other=0.0,
+    )
+    if IEEE:
+        return tl.dot(q, kt, input_precision="ieee") * qk_scale
+    return tl.dot(q, kt) * qk_scale
 
 
 @triton.jit
@@ -382,30 +405,6 @@ def line_scores_triton(
     return vert.reshape(B, H, S), slash.reshape(B, H, S)
 
 
-# Line folds (one pass). Keys are cut into segments of SEG positions (a multiple of the period),
-# each segment into sub-tiles of BLOCK_N; a program owns one sub-tile position t of a run of
-# segments, so every key it reads has residue (t * BLOCK_N + n) mod period, whatever the
-# segment: the per-row sums fold into one [BLOCK_L, BLOCK_N] accumulator without a gather.
-_FOLD_BLOCK_N = 128
-# Programs per launch the key range is split into (the partial accumulators they write are
-# BLOCK_L x BLOCK_N floats each, two per program, so this also bounds that scratch memory).
-_FOLD_PROGRAMS = 1024
-
-
-@triton.jit
-def _key_scores(q, kb, j, ok_j, offs_d, stride_k_s, qk_scale, D: tl.constexpr, IEEE: tl.constexpr):
-    """Scaled scores (base 2) ``[BLOCK_L, BLOCK_N]`` of the rows against keys ``j`` (the keys
-    where ``ok_j`` is false are loaded as zeros)."""
-    kt = tl.load(
-        kb + j[None, :].to(tl.int64) * stride_k_s + offs_d[:, None],
-        mask=ok_j[None, :] & (offs_d[:, None] < D),
-        other=0.0,
-    )
-    if IEEE:
-        return tl.dot(q, kt, input_precision="ieee") * qk_scale
-    return tl.dot(q, kt) * qk_scale
-
-
 @triton.jit
 def _line_folds_fwd_kernel(
     q_ptr,
@@ -425,7 +424,7 @@ def _line_folds_fwd_kernel(
     L,
     S,
     row_start,
-    SEG,
+    seg,
     n_sub,
     n_seg,
     seg_per_chunk,
@@ -451,7 +450,7 @@ def _line_folds_fwd_kernel(
     )  # fmt: skip
     r = row_start + offs_l
     n_keys = tl.minimum(S, row_start + L)
-    width = tl.minimum(BLOCK_N, SEG - t * BLOCK_N)
+    width = tl.minimum(BLOCK_N, seg - t * BLOCK_N)
     last_row = row_start + L - 1
     # Online softmax per row (base 2): the accumulators hold sum_j exp2(s_j - m_i) of the keys
     # inside the window (a_col: key j in [lo, hi); a_sl: offset r - j in [lo, hi)) and l_i that
@@ -463,7 +462,7 @@ def _line_folds_fwd_kernel(
     g_lo = c * seg_per_chunk
     g_hi = tl.minimum(g_lo + seg_per_chunk, n_seg)
     for g in range(g_lo, g_hi):
-        j0 = g * SEG + t * BLOCK_N
+        j0 = g * seg + t * BLOCK_N
         j = j0 + offs_n
         # A full tile whose keys precede every row by at least lo, lie inside [lo, hi) and
         # after every row's r - hi counts for the row sums and both accumulators unmasked.
@@ -518,7 +517,7 @@ def _line_folds_merge_kernel(
     L,
     n_sub,
     n_chunks,
-    SEG_W,
+    seg_w,
     BLOCK_L: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -556,20 +555,22 @@ def _line_folds_merge_kernel(
     row_ok = offs_r[:, None] < L
     n_g = BLOCK_L // BLOCK_R
     tl.store(
-        col_ptr + (bh.to(tl.int64) * n_g + g) * SEG_W + t * BLOCK_N + offs_n,
+        col_ptr + (bh.to(tl.int64) * n_g + g) * seg_w + t * BLOCK_N + offs_n,
         tl.sum(tl.where(row_ok, acc_col, 0.0), 0),
     )
-    out = (bh.to(tl.int64) * L + offs_r[:, None]) * SEG_W + t * BLOCK_N + offs_n[None, :]
+    out = (bh.to(tl.int64) * L + offs_r[:, None]) * seg_w + t * BLOCK_N + offs_n[None, :]
     tl.store(sl_ptr + out, acc_sl, mask=row_ok)
 
 
 def _fold_plan(
     period: int, n_keys: int, heads: int, block_n: int
 ) -> tuple[int, int, int, int, int]:
-    """``(SEG, n_sub, n_seg, seg_per_chunk, n_chunks)`` of a launch (see the kernel)."""
+    """``(seg, n_sub, n_seg, seg_per_chunk, n_chunks)`` of a launch (see the kernel)."""
     seg = period if period >= block_n else period * (block_n // period)
-    n_sub = triton.cdiv(seg, block_n)
     n_seg = triton.cdiv(n_keys, seg)
+    # Sub-tiles past the last key hold nothing: a period longer than the keys costs no more
+    # programs or scratch than the keys themselves.
+    n_sub = triton.cdiv(min(seg, n_keys), block_n)
     seg_per_chunk = max(1, triton.cdiv(n_seg * n_sub * heads, _FOLD_PROGRAMS))
     return seg, n_sub, n_seg, seg_per_chunk, triton.cdiv(n_seg, seg_per_chunk)
 
@@ -578,17 +579,20 @@ def line_folds_triton(
     q_rows: torch.Tensor,
     k: torch.Tensor,
     row_start: int,
-    period: int,
     *,
+    period: int,
     lo: int,
     hi: int,
     scale: float,
     block_n: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One pass over the keys, then the partial sums merged in torch (``block_n``, ``num_warps``,
-    ``num_stages``: the kernel's tile and launch settings, for tests and tuning)."""
+    """One pass over the keys, the partials merged by ``_line_folds_merge_kernel``, then the
+    residue fold and the slash gather in torch (``block_n``, ``num_warps``, ``num_stages``: the
+    kernel's tile and launch settings, for tests and tuning; by default 128-wide tiles and 4
+    warps, and for more than 64 rows 64-wide tiles and 8 warps, which keeps the two
+    ``[rows, block_n]`` float32 accumulators in registers)."""
     B, H, L, D = q_rows.shape
     H_KV, S = k.shape[1], k.shape[2]
     q_rows = q_rows if q_rows.stride(-1) == 1 else q_rows.contiguous()
@@ -599,6 +603,10 @@ def line_folds_triton(
     if block_n is None:
         # fp32 goes through exact (FMA-emulated) dots: a narrow tile, as in the other kernels.
         block_n = FP32_CONFIG["BLOCK_N"] if q_rows.dtype == torch.float32 else _FOLD_BLOCK_N
+        if BLOCK_L > 64:
+            block_n = min(block_n, 64)
+    if num_warps is None:
+        num_warps = 8 if BLOCK_L > 64 else 4
     n_keys = min(S, row_start + L)
     seg, n_sub, n_seg, per, n_chunks = _fold_plan(P, n_keys, B * H, block_n)
     BH, n_part = B * H, n_sub * n_chunks
@@ -627,17 +635,20 @@ def line_folds_triton(
         BLOCK_L=BLOCK_L, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4,
     )  # fmt: skip
     col = col.sum(1)
-    if seg_w != P:
+    if seg_w < seg:  # sub-tiles past the last key: zero sums
+        col = torch.nn.functional.pad(col, (0, seg - seg_w))
+        sl = torch.nn.functional.pad(sl, (0, seg - seg_w))
+    if col.shape[-1] != P:
         col = col[:, :seg].reshape(BH, seg // P, P).sum(1)
         sl = sl[..., :seg].reshape(BH, L, seg // P, P).sum(2)  # [BH, L, P], by key residue
     # Row l's key residue e is offset residue (r_l - e) mod P: gather each row by offset class.
-    sl = sl.gather(2, _slash_residues(row_start, L, P, dev).expand(BH, L, P)).sum(1)
+    sl = sl.gather(2, _slash_residues(row_start % P, L, P, dev).expand(BH, L, P)).sum(1)
     return col.reshape(B, H, P), sl.reshape(B, H, P)
 
 
 @functools.lru_cache(maxsize=32)
-def _slash_residues(row_start: int, L: int, P: int, device: torch.device) -> torch.Tensor:
-    """int64 ``[L, P]``: the key residue that offset residue ``c`` is in row ``l``,
-    ``(row_start + l - c) mod P``."""
-    r = torch.arange(row_start, row_start + L)
+def _slash_residues(start: int, L: int, P: int, device: torch.device) -> torch.Tensor:
+    """int64 ``[L, P]``: the key residue that offset residue ``c`` is in row ``l`` whose position
+    is ``start + l`` modulo ``P``: ``(start + l - c) mod P``."""
+    r = torch.arange(start, start + L)
     return ((r[:, None] - torch.arange(P)[None, :]) % P).to(device)

@@ -850,7 +850,6 @@ def plan_layer(
         results.append((hs, res))
     dev = q.device
     maxb = max(r[0].shape[-1] for _, r in results)
-    ident = torch.arange(S, device=dev, dtype=torch.int32)
     parts: dict[str, list] = {k: [] for k in ("idx", "cnt", "q", "kv", "runs", "step", "st", "ph")}
     step_one = True  # known on the host: no head has a grid step
     exact_vertical, exact_a_shape = [], []
@@ -877,29 +876,36 @@ def plan_layer(
             parts["st"].append((hs, meta["stride"].reshape(B, Hg)))
             parts["ph"].append((hs, meta["phase"].reshape(B, Hg)))
 
-    def merged(key: str, fill: torch.Tensor) -> torch.Tensor:
-        """Every group's ``[B, Hg, ...]`` tensors as one ``[B, H, ...]`` tensor of ``fill``'s
-        dtype: the group's own when one group holds every head (no copy), else ``fill``
-        (per-head shape) with each group's heads written in."""
+    def merged(key: str, shape: tuple, dtype: torch.dtype, make_fill) -> torch.Tensor:
+        """Every group's ``[B, Hg, *shape]`` tensors as one ``[B, H, *shape]`` tensor of
+        ``dtype``: the group's own when one group holds every head (no copy, and no fill
+        made), else ``make_fill()`` (per-head ``shape``) with each group's heads written in."""
         got = parts[key]
-        if len(got) == 1 and len(got[0][0]) == H and got[0][1].shape[2:] == fill.shape:
-            return got[0][1].to(fill.dtype).contiguous()
+        if len(got) == 1 and len(got[0][0]) == H and tuple(got[0][1].shape[2:]) == tuple(shape):
+            return got[0][1].to(dtype).contiguous()
+        fill = make_fill()
         out = fill.expand(B, H, *fill.shape).clone()
         for hs, t in got:
             out[(slice(None), heads_index(hs, dev), *(slice(0, n) for n in t.shape[2:]))] = t
         return out
 
     i32 = dict(dtype=torch.int32, device=dev)
-    minus_one = torch.full((), -1, dtype=torch.int64, device=dev)
+    i64 = dict(dtype=torch.int64, device=dev)
+    ident = lambda: torch.arange(S, **i32)  # noqa: E731
+    minus_one = lambda: torch.full((), -1, **i64)  # noqa: E731
     kv_runs = None
     if parts["kv"]:  # which key blocks are runs: every one in the identity order
-        runs = merged("runs", torch.arange(nb, **i32) * block)
-        one = torch.ones((), dtype=torch.int64, device=dev)
-        kv_runs = (runs, 1 if step_one else merged("step", one))
+        runs = merged("runs", (nb,), torch.int32, lambda: torch.arange(nb, **i32) * block)
+        one = lambda: torch.ones((), **i64)  # noqa: E731
+        kv_runs = (runs, 1 if step_one else merged("step", (), torch.int64, one))
     return BlockPlan(
-        merged("idx", torch.zeros(nb, maxb, **i32)), merged("cnt", torch.zeros(nb, **i32)),
-        merged("q", ident) if parts["q"] else None, merged("kv", ident) if parts["kv"] else None,
-        block, S, {"stride": merged("st", minus_one), "phase": merged("ph", minus_one)},
+        merged("idx", (nb, maxb), torch.int32, lambda: torch.zeros(nb, maxb, **i32)),
+        merged("cnt", (nb,), torch.int32, lambda: torch.zeros(nb, **i32)),
+        merged("q", (S,), torch.int32, ident) if parts["q"] else None,
+        merged("kv", (S,), torch.int32, ident) if parts["kv"] else None,
+        block, S,
+        {"stride": merged("st", (), torch.int64, minus_one),
+         "phase": merged("ph", (), torch.int64, minus_one)},
         tuple(exact_vertical), exact_lists=exact_vertical_lists or not (exact_vertical or exact_a_shape),
         kv_runs=kv_runs, exact_a_shape=tuple(exact_a_shape),
     )  # fmt: skip

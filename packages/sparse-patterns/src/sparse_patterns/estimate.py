@@ -118,7 +118,6 @@ def last_line_folds(
     folded), ``"auto"`` (triton on CUDA when ``L' <= 128``; the same sums either way)."""
     from sparse_kernels import line_folds
     from sparse_kernels._validate import resolve_impl
-    from sparse_kernels.estimate import fold_positions
 
     S = q.shape[2]
     n = min(L, S)
@@ -130,7 +129,17 @@ def last_line_folds(
         return line_folds(
             q[:, :, S - n :], k, S - n, period=period, lo=lo, hi=hi, scale=scale, impl="triton"
         )
-    col, sl = last_line_scores(q, k, L, scale=scale, impl="reference")
+    return fold_grid_lines(*last_line_scores(q, k, L, scale=scale, impl="reference"), period)
+
+
+def fold_grid_lines(
+    col: torch.Tensor, sl: torch.Tensor, period: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full line scores ``[..., S]`` (:func:`last_line_scores`) as :func:`last_line_folds` gives
+    them: summed per residue modulo ``period`` over :func:`grid_window`."""
+    from sparse_kernels.estimate import fold_positions
+
+    lo, hi = grid_window(period, col.shape[-1])
     return fold_positions(col, period, lo, hi), fold_positions(sl, period, lo, hi)
 
 
@@ -181,23 +190,20 @@ def _fold_mats(strides: tuple[int, ...], S: int, device: torch.device):
     P = math.lcm(*strides)
     SP = S // P * P
     C = sum(strides)
-    fold = torch.zeros(P, C)
     tail = torch.zeros(P, C)
     first_idx = torch.zeros(C, dtype=torch.long)
     n = torch.zeros(C)
-    valid = torch.full((len(strides), P), -1, dtype=torch.long)
     o = 0
     r = torch.arange(P)
-    for i, s in enumerate(strides):
-        fold[r, o + r % s] = 1.0
+    for s in strides:
         inside = (SP + r) < S // s * s
         tail[r[inside], o + r[inside] % s] = 1.0
         first_idx[o : o + s] = torch.arange(s)
         n[o : o + s] = S // s - 1
-        valid[i, :s] = torch.arange(o, o + s)
         o += s
-    svec = torch.tensor(strides)
-    return tuple(to_device(t, device) for t in (fold, tail, first_idx, n, valid, svec))
+    fold, valid, svec = _residue_fold(strides, P, device)
+    tail, first_idx, n = (to_device(t, device) for t in (tail, first_idx, n))
+    return fold, tail, first_idx, n, valid, svec
 
 
 def _class_ratio(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

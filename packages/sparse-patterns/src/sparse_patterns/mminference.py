@@ -169,12 +169,7 @@ class _Ctx:
         key = (L, period)
         if key not in self._line_folds:
             if L in self._lines_last:
-                from sparse_kernels.estimate import fold_positions
-
-                lo, hi = E.grid_window(period, self.S)
-                self._line_folds[key] = tuple(
-                    fold_positions(x, period, lo, hi) for x in self._lines_last[L]
-                )
+                self._line_folds[key] = E.fold_grid_lines(*self._lines_last[L], period)
             else:
                 self._line_folds[key] = E.last_line_folds(
                     self.q, self.k, L, period=period, scale=self.scale
@@ -315,8 +310,7 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
                 f"for S={ctx.S} and tokens_per_frame={ctx.layout.tokens_per_frame}"
             )
         spaces.setdefault(sp, []).extend(range(i, N, Hg))
-    folded = {P for P in map(lambda sp: math.lcm(*sp), spaces) if _folds_fit(P, ctx.S)}
-    if len(folded) > 1:
+    if len({math.lcm(*sp) for sp in spaces if _folds_fit(math.lcm(*sp), ctx.S)}) > 1:
         # Several common periods: one line-score pass, folded per period in torch, costs less
         # than one fold pass over the keys per period.
         ctx.lines_last(L)

@@ -1,7 +1,8 @@
 """Grid estimation at 128K-1M on a GPU: the fold kernel (``line_folds``) against the two-pass
 ``line_scores``, its launch settings, and ``plan_layer`` + run split against the Grid kernel,
-with the fold path on and off in the same process (``FOLD_MAX_PERIOD = 0`` forces the old
-path). Qwen2.5-VL-7B attention shape, the planted video of ``bench_grid.py``.
+with the three Grid planner paths in the same process: "fused" (``_plan_grid_fused``: fold,
+merge, search, block index, lists), "fold" (``GRID_FUSED = "off"``: the folds, then torch) and
+"lines" (also ``FOLD_MAX_PERIOD = 0``: the full line scores). Qwen2.5-VL-7B attention shape, the planted video of ``bench_grid.py``.
 
     python3 scripts/grid_estimation_gpu.py --seqs 131072 524288 --json out.json
 """
@@ -14,7 +15,12 @@ import json
 import torch
 from _load import load_repo_module
 from sparse_kernels.benchmarking import cuda_time_ms, env_info
-from sparse_kernels.estimate import line_folds, line_folds_reference, line_scores
+from sparse_kernels.estimate import (
+    line_fold_search,
+    line_folds,
+    line_folds_reference,
+    line_scores,
+)
 from sparse_kernels.estimate.triton import line_folds_triton
 from sparse_patterns import Grid, HeadConfig, plan_layer
 from sparse_patterns import estimate as E
@@ -70,6 +76,14 @@ def main() -> None:
         row["line_folds_ms"] = cuda_time_ms(
             lambda: line_folds(qr, k, S - L, period=P, lo=lo, hi=hi, scale=sc), warmup=3, rep=a.rep
         )
+        strides = E.stride_space(P, max_stride=1024, S=S)
+        row["line_fold_search_ms"] = cuda_time_ms(
+            lambda: line_fold_search(
+                qr, k, S - L, period=P, lo=lo, hi=hi, strides=strides, scale=sc
+            ),
+            warmup=3,
+            rep=a.rep,
+        )
         for n in a.programs:
             from sparse_kernels.estimate import triton as est
 
@@ -113,8 +127,12 @@ def main() -> None:
         _ = plan._launch_lists
         kern = lambda: plan.run(q, k, v)  # noqa: E731
         row["kernel_ms"] = cuda_time_ms(kern, warmup=3, rep=10)
-        for name, maxp in (("fold", MM.FOLD_MAX_PERIOD), ("lines", 0)):
-            MM.FOLD_MAX_PERIOD = maxp
+        for name, maxp, fused in (
+            ("fused", 4096, "auto"),
+            ("fold", 4096, "off"),
+            ("lines", 0, "off"),
+        ):
+            MM.FOLD_MAX_PERIOD, MM.GRID_FUSED = maxp, fused
             try:
                 row[f"plan_ms_{name}"] = cuda_time_ms(
                     lambda: plan_layer(q, k, cfgs, lay, block=bg.BLOCK), warmup=3, rep=a.rep
@@ -128,11 +146,17 @@ def main() -> None:
                 row[f"same_lists_{name}"] = bool(
                     torch.equal(p2.kv_block_indices, plan.kv_block_indices)
                     and torch.equal(p2.kv_block_counts, plan.kv_block_counts)
+                    and torch.equal(p2.kv_perm, plan.kv_perm)
+                    and torch.equal(p2.kv_runs[0], plan.kv_runs[0])
+                    and all(
+                        torch.equal(x, y)
+                        for x, y in zip(p2._launch_lists[:2], plan._launch_lists[:2])
+                    )
                 )
             finally:
-                MM.FOLD_MAX_PERIOD = 4096
-        row["estimation_over_kernel_fold"] = row["estimation_ms_fold"] / row["kernel_ms"]
-        row["estimation_over_kernel_lines"] = row["estimation_ms_lines"] / row["kernel_ms"]
+                MM.FOLD_MAX_PERIOD, MM.GRID_FUSED = 4096, "auto"
+        for name in ("fused", "fold", "lines"):
+            row[f"estimation_over_kernel_{name}"] = row[f"estimation_ms_{name}"] / row["kernel_ms"]
         print(json.dumps(row), flush=True)
         res["rows"].append(row)
         if a.profile:

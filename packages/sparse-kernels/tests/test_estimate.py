@@ -238,3 +238,112 @@ def test_line_folds_default_settings_gpu(L, dtype):
     narrow tiles)."""
     S = 6000
     _check_folds(1, 8, 2, L, S, 128, S - L, 256, 256, S // 256 * 256, None, dtype)
+
+
+# (P, strides, n_g, seg, seg_w, L, row_start): merged partials of every layout the fold kernel
+# makes (several periods per segment, a ragged last sub-tile, sub-tiles past the last key).
+SEARCH_PARTIAL_CASES = [
+    pytest.param(16, (2, 4, 8, 16), 4, 64, 64, 64, 236, id="P16-four-periods-per-segment"),
+    pytest.param(12, (2, 3, 4, 6, 12), 1, 12, 16, 16, 114, id="P12-ragged-subtile"),
+    pytest.param(130, (2, 5, 10, 13, 26, 65, 130), 2, 130, 192, 20, 7, id="P130-two-row-groups"),
+    pytest.param(256, (2, 4, 8, 16, 32, 64, 128, 256), 4, 256, 256, 64, 131008, id="P256-qwen"),
+    pytest.param(100, (100,), 1, 100, 64, 16, 33, id="one-stride-subtiles-past-the-keys"),
+]
+
+
+@pytest.mark.parametrize("P, strides, n_g, seg, seg_w, L, row_start", SEARCH_PARTIAL_CASES)
+def test_fold_search_kernel_matches_the_torch_search_of_the_same_partials(
+    P, strides, n_g, seg, seg_w, L, row_start
+):
+    """``_fold_search_kernel`` against ``search_folds_reference`` of ``_fold_tail`` (the torch
+    folds) on the same merged partials: strides and phases exact, scores to float rounding. Half
+    the heads carry a planted class so that the chosen strides are not all the smallest."""
+    from sparse_kernels.estimate.search import host_to_device, search_folds_reference
+    from sparse_kernels.estimate.triton import _fold_tail, _search_partials
+
+    g = torch.Generator().manual_seed(P + L)
+    BH = 6
+    col = torch.rand(BH, n_g, seg_w, generator=g)
+    sl = torch.rand(BH, L, seg_w, generator=g)
+    pos = torch.arange(seg_w)
+    for h, s in zip(range(0, BH, 2), strides[::2]):
+        col[h, :, pos % s == h % s] += 3.0
+        sl[h, :, pos % s == 1 % s] += 3.0
+    col, sl = col.to(DEV), sl.to(DEV)
+    cf, sf = _fold_tail(col, sl, seg, P, row_start)
+    want = search_folds_reference(cf, sf, strides, rel_tol=0.15)
+    sv = host_to_device(torch.tensor(strides, dtype=torch.int32), DEV)
+    got = _search_partials(col, sl, seg, P, row_start, sv, 0.15)
+    assert torch.equal(got[0], want[0]), (got[0], want[0])
+    assert torch.equal(got[1], want[1]), (got[1], want[1])
+    assert torch.allclose(got[2], want[2], rtol=1e-5)
+    # The case chooses between strides (one stride: between phases).
+    assert len(set(want[0 if len(strides) > 1 else 1].tolist())) > 1
+
+
+# (B, H, H_KV, L, S, D, period, strides, planted stride, dtype)
+FOLD_SEARCH_CASES = [
+    pytest.param(1, 4, 2, 20, 300, 32, 16, [2, 4, 8, 16], 8, torch.float16, id="P16-stride8"),
+    pytest.param(2, 2, 1, 16, 257, 32, 12, [2, 3, 4, 6, 12], 6, torch.float32, id="B2-P12"),
+    pytest.param(
+        1,
+        2,
+        2,
+        64,
+        520,
+        32,
+        130,
+        [2, 5, 10, 13, 26, 65, 130],
+        65,
+        torch.float16,
+        id="P130-ragged-subtiles",
+    ),  # fmt: skip
+    pytest.param(1, 2, 1, 8, 200, 32, 48, [48], 48, torch.float32, id="one-stride"),
+]
+
+
+@pytest.mark.parametrize("B, H, H_KV, L, S, D, period, strides, planted, dtype", FOLD_SEARCH_CASES)
+def test_line_fold_search_recovers_a_planted_grid(
+    B, H, H_KV, L, S, D, period, strides, planted, dtype
+):
+    """Keys on the lines ``j = 3 (mod planted)`` get a large logit: the Triton search and the
+    reference both find that stride and phase."""
+    from sparse_kernels.estimate import line_fold_search
+
+    q, k, _ = make_qkv(B, H, H_KV, S, S, D, dtype=torch.float32, device=DEV, seed=S + L)
+    q[..., 0] = 2.0
+    k[..., 3::planted, 0] = 4.0
+    q, k = q.to(dtype), k.to(dtype)
+    kw = dict(period=period, lo=period, hi=S // period * period, strides=strides)
+    st, ph, sc = line_fold_search(q[:, :, S - L :], k, S - L, **kw, impl="triton")
+    ref = line_fold_search(q[:, :, S - L :], k, S - L, **kw, impl="reference")
+    assert st.shape == ph.shape == sc.shape == (B, H)
+    assert torch.equal(st, torch.full((B, H), planted, device=DEV))
+    assert torch.equal(ph, torch.full((B, H), 3 % planted, device=DEV))
+    assert torch.equal(ref[0], st) and torch.equal(ref[1], ph)
+    assert torch.allclose(sc, ref[2], rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(strides=[]), ValueError, "strides: expected a non-empty list"),
+        (dict(strides=[3]), ValueError, "dividing period=8, got \\[3\\]"),
+        (dict(strides=[0, 2]), ValueError, "dividing period=8"),
+        (dict(strides=[2.0]), ValueError, "dividing period=8"),
+        (dict(rel_tol=1.0), ValueError, "rel_tol: expected a float in \\[0, 1\\)"),
+        (dict(period=0), ValueError, "period: expected >= 1"),
+        (dict(hi=97), ValueError, "0 <= lo <= hi <= S=96"),
+        (dict(impl="fast"), ValueError, "impl must be one of"),
+    ],
+)
+def test_line_fold_search_bad_input(kwargs, exc, match):
+    from sparse_kernels.estimate import line_fold_search
+
+    args = dict(
+        q_rows=torch.randn(1, 2, 8, 16), k=torch.randn(1, 2, 96, 16), row_start=88, period=8,
+        lo=8, hi=88, strides=[2, 4, 8],
+    )  # fmt: skip
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        line_fold_search(args.pop("q_rows"), args.pop("k"), args.pop("row_start"), **args)

@@ -921,3 +921,57 @@ def test_grid_offsets_and_permutation_check_strides_without_reading_them():
         grid_permutation(100, torch.tensor([0, 8]), 0, offsets=offs)
     with pytest.raises(ValueError, match=r"offsets: expected an int tensor \[2, W \+ 1\]"):
         grid_permutation(100, st, 0, offsets=offs[0])
+
+
+def _grid_blocks_reference(S, stride, phase, vline, slash, blk):
+    """What ``grid_blocks_triton`` computes, from the reference permutation and line table."""
+    from sparse_kernels.permuted import kv_block_runs
+    from sparse_kernels.permuted.perms import grid_line_offsets
+
+    perm = grid_permutation(S, stride, phase, impl="reference").perm
+    offs = grid_line_offsets(S, stride, phase)
+    N, nb = stride.shape[0], -(-S // blk)
+    pad = torch.nn.functional.pad(perm.long(), (0, nb * blk - S), value=-1).reshape(N, nb, blk)
+    kmin = torch.where(pad < 0, S, pad).amin(-1)
+    qmax = pad.amax(-1)
+    first = torch.arange(nb) * blk
+    last = torch.clamp(first + blk, max=S) - 1
+    c_lo = torch.searchsorted(offs, first.expand(N, -1).contiguous(), right=True) - 1
+    c_hi = torch.searchsorted(offs, last.expand(N, -1).contiguous(), right=True) - 1
+    s_lo = offs.gather(1, c_lo) // blk
+    s_hi = torch.where(slash[:, None], (offs.gather(1, c_hi + 1) - 1) // blk, s_lo - 1)
+    runs = kv_block_runs(perm, blk, stride)
+    v_hi = torch.where(vline, (offs[:, 1] - 1) // blk, -1)
+    widths = [int(v_hi.max()) + 1, max(0, int((s_hi - s_lo + 1).max()))]
+    blocks = torch.stack([kmin, qmax, s_lo, s_hi, runs.long()]).to(torch.int32)
+    return perm, blocks, v_hi.to(torch.int32), widths
+
+
+@pytest.mark.parametrize(
+    "S, strides, phases, blk",
+    [
+        pytest.param(1025, [16, 8, 2, 4], [5, 3, 1, 0], 64, id="S1025-blk64"),
+        pytest.param(1000, [24, 12, 7, 1], [23, 40, 3, 0], 32, id="phase-past-stride-stride1"),
+        pytest.param(777, [7, 7, 256], [2, 6, 100], 48, id="blk48-stride-past-blk"),
+        pytest.param(300, [3, 5], [1, 4], 128, id="one-block-per-line-many-lines"),
+    ],
+)
+def test_grid_blocks_triton_equals_the_reference_index(S, strides, phases, blk):
+    """The permutation and every per-block entry of ``grid_blocks_triton`` against the
+    reference permutation, its line table and ``kv_block_runs`` (exact)."""
+    from sparse_kernels.permuted.grid_triton import grid_blocks_triton
+
+    st = torch.tensor(strides)
+    ph = torch.tensor(phases)
+    N = len(strides)
+    vline = torch.tensor([True, False] * (N // 2) + [True] * (N % 2))
+    slash = torch.tensor([True, True, False] * N)[:N]
+    perm, blocks, v_hi, widths = _grid_blocks_reference(S, st, ph, vline, slash, blk)
+    got = grid_blocks_triton(
+        S, st.to(DEV), ph.to(DEV), vline.int().to(DEV), slash.int().to(DEV), blk, max(strides)
+    )
+    assert torch.equal(got[0].cpu(), perm)
+    for i, name in enumerate(("kmin", "qmax", "s_lo", "s_hi", "runs")):
+        assert torch.equal(got[1][i].cpu(), blocks[i]), name
+    assert torch.equal(got[2].cpu(), v_hi)
+    assert got[3].tolist() == widths

@@ -1,9 +1,12 @@
 import pytest
 import torch
+from sparse_kernels.testing import default_device
 from sparse_patterns import Grid, TokenLayout, plan_layer
 from sparse_patterns import estimate as E
 from sparse_patterns.metrics import recall_many
 from sparse_patterns.testing import planted_grid_qkv
+
+DEV = default_device()
 
 
 def test_approx_scores_is_causal_softmax_with_gqa():
@@ -343,3 +346,94 @@ def test_plan_layer_grid_several_periods_make_the_line_scores_once(monkeypatch):
     assert calls == ["last_line_scores"]
     assert plan.meta["stride"].tolist() == [[12, 8, 12, 8]]
     assert plan.meta["phase"][0, 0] == 7 and plan.meta["phase"][0, 2] == 7
+
+
+def _plans_fused_and_not(monkeypatch, q, k, heads, lay, blk):
+    """The plan (and the run split ``run`` launches with) of ``_plan_grid`` and of
+    ``_plan_grid_fused`` (on the Triton interpreter on the CPU), with which path each took."""
+    from sparse_patterns import mminference as MM
+
+    took = []
+    fused = MM._plan_grid_fused
+    monkeypatch.setattr(
+        MM, "_plan_grid_fused", lambda *a, **kw: took.append("fused") or fused(*a, **kw)
+    )
+    out = []
+    for mode in ("off", "triton"):
+        monkeypatch.setattr(MM, "GRID_FUSED", mode)
+        plan = plan_layer(q, k, heads, lay, block=blk)
+        out.append((plan, plan._launch_lists))
+    return out, took
+
+
+@pytest.mark.parametrize(
+    "B, S, H, H_KV, tpf, blk, heads, dtype",
+    [
+        pytest.param(1, 1025, 4, 2, 16, 64, [Grid()] * 4, torch.float16, id="searched-tpf16"),
+        pytest.param(2, 1000, 4, 2, 24, 32, [Grid()] * 4, torch.float32, id="B2-tpf24"),
+        pytest.param(1, 777, 4, 1, None, 64, [Grid(stride=7)] * 4, torch.float16, id="fixed"),
+        pytest.param(
+            1,
+            1025,
+            4,
+            2,
+            16,
+            48,
+            [Grid(use_vline=False), Grid(use_slash=False), Grid(), Grid()],
+            torch.float16,
+            id="blk48-line-flags-per-head",
+        ),  # fmt: skip
+        pytest.param(1, 900, 2, 2, 30, 64, [Grid()] * 2, torch.float16, id="tpf30"),
+    ],
+)
+def test_plan_layer_fused_grid_equals_the_unfused_plan(
+    monkeypatch, B, S, H, H_KV, tpf, blk, heads, dtype
+):
+    """``_plan_grid_fused`` (fold, merge, search, block index and lists kernels) gives exactly
+    the plan of the unfused path: strides, phases, permutation, lists, runs and run split."""
+    from sparse_patterns import HeadConfig
+
+    g = torch.Generator().manual_seed(S + blk)
+    q = torch.randn(B, H, S, 32, generator=g)
+    k = torch.randn(B, H_KV, S, 32, generator=g)
+    if tpf:
+        k[..., 5::tpf, :8] += 1.5
+    lay = TokenLayout(torch.full((S,), 2, device=DEV), tokens_per_frame=tpf) if tpf else None
+    cfgs = [HeadConfig(h) for h in heads]
+    q, k = q.to(DEV, dtype), k.to(DEV, dtype)
+    ((a, la), (b, lb)), took = _plans_fused_and_not(monkeypatch, q, k, cfgs, lay, blk)
+    assert took == ["fused"]
+    for key in ("stride", "phase"):
+        assert torch.equal(a.meta[key], b.meta[key]), key
+    assert torch.equal(a.kv_perm, b.kv_perm) and torch.equal(a.q_perm, b.q_perm)
+    assert torch.equal(a.kv_block_indices, b.kv_block_indices)
+    assert torch.equal(a.kv_block_counts, b.kv_block_counts)
+    assert torch.equal(a.kv_runs[0], b.kv_runs[0]) and torch.equal(a.kv_runs[1], b.kv_runs[1])
+    for x, y in zip((*la[:2], *la[2][:2]), (*lb[:2], *lb[2][:2])):
+        assert torch.equal(x, y)
+    assert len(set(b.meta["stride"].flatten().tolist())) > 1 or heads[0].stride is not None
+
+
+@pytest.mark.parametrize(
+    "heads, tpf, why",
+    [
+        pytest.param([Grid(use_hline=True)] + [Grid()] * 3, 16, "hline", id="hline"),
+        pytest.param([Grid(stride=12), Grid(stride=8)] * 2, None, "two spaces", id="two-spaces"),
+        pytest.param([Grid(stride=600)] * 4, None, "period past S/2", id="period-past-half"),
+        pytest.param([Grid(last_q=200)] * 4, 16, "rows", id="more-than-128-rows"),
+    ],
+)
+def test_plan_layer_fused_grid_only_where_it_fits(monkeypatch, heads, tpf, why):
+    """Layers the fused planner does not take go through ``_plan_grid``'s other paths."""
+    from sparse_patterns import HeadConfig, VerticalSlash
+
+    S = 997
+    q, k, _ = planted_grid_qkv(1, 4, 2, S, 32, stride=8, phase=3, vline=True, slash=True, seed=3)
+    lay = TokenLayout(torch.full((S,), 2), tokens_per_frame=tpf) if tpf else None
+    _, took = _plans_fused_and_not(monkeypatch, q, k, [HeadConfig(h) for h in heads], lay, 32)
+    assert took == [], why
+    mixed = [HeadConfig(Grid())] * 2 + [HeadConfig(VerticalSlash(n_vertical=30, n_slash=40))] * 2
+    _, took = _plans_fused_and_not(
+        monkeypatch, q, k, mixed, TokenLayout(torch.full((S,), 2), tokens_per_frame=16), 32
+    )
+    assert took == []  # a group of some heads only

@@ -14,6 +14,12 @@ import functools
 import math
 
 import torch
+from sparse_kernels.estimate.search import (
+    ratios_of_class_sums,
+    residue_fold,
+    search_folds_reference,
+    smallest_near_best,
+)
 
 from ._device import to_device
 
@@ -201,7 +207,7 @@ def _fold_mats(strides: tuple[int, ...], S: int, device: torch.device):
         first_idx[o : o + s] = torch.arange(s)
         n[o : o + s] = S // s - 1
         o += s
-    fold, valid, svec = _residue_fold(strides, P, device)
+    fold, valid, svec = residue_fold(strides, P, device)
     tail, first_idx, n = (to_device(t, device) for t in (tail, first_idx, n))
     return fold, tail, first_idx, n, valid, svec
 
@@ -268,7 +274,7 @@ def search_grid_lines(
         acc = x[..., :SP].reshape(*x.shape[:-1], -1, P).sum(-2)  # [2, N, P]
         x_tail = torch.nn.functional.pad(x[..., SP:], (0, P - (S - SP)))
         v = (acc @ fold + x_tail @ tail - x[..., first_idx]) / n  # [2, N, sum(s)]
-        sc, ph = _ratios_of_class_sums(v, valid, svec)  # [N, k]
+        sc, ph = ratios_of_class_sums(v, valid, svec)  # [N, k]
     else:
         both = torch.stack([col, sl])  # one view per stride for the two kinds of line
         for s in strides:
@@ -279,30 +285,7 @@ def search_grid_lines(
         ph = torch.stack(phases, -1)
     if svec is None:
         svec = to_device(torch.tensor(strides), col.device)
-    return _smallest_near_best(sc, ph, svec, rel_tol)
-
-
-def _smallest_near_best(
-    sc: torch.Tensor, ph: torch.Tensor, svec: torch.Tensor, rel_tol: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The smallest stride whose score ``sc [N, k]`` is within ``rel_tol`` of the best, with
-    its phase (``ph [N, k]``) and score."""
-    best = sc.amax(-1, keepdim=True)
-    first = (sc >= best * (1.0 - rel_tol)).to(torch.int8).argmax(-1, keepdim=True)
-    st = svec[first.squeeze(-1)]
-    return st, ph.gather(-1, first).squeeze(-1), sc.gather(-1, first).squeeze(-1)
-
-
-def _ratios_of_class_sums(
-    v: torch.Tensor, valid: torch.Tensor, svec: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-stride concentration ratios of class sums ``v [2, N, sum(s)]`` (stride-major, both
-    kinds of line), on a padded ``[k, P]`` view: ``(score [N, k], phase of the column view
-    [N, k])``."""
-    vp = v[..., valid.clamp_min(0)].masked_fill(valid < 0, float("-inf"))  # [2, N, k, P]
-    best, arg = vp.max(-1)
-    mean = vp.masked_fill(valid < 0, 0.0).sum(-1) / svec
-    return (best / mean.clamp_min(1e-30)).amax(0), arg[0]
+    return smallest_near_best(sc, ph, svec, rel_tol)
 
 
 def search_grid_folds(
@@ -332,25 +315,7 @@ def search_grid_folds(
         raise ValueError(
             f"search_grid_folds: expected strides dividing the period {P}, got {strides}"
         )
-    fold, valid, svec = _residue_fold(tuple(strides), P, col_fold.device)
-    v = torch.stack([col_fold, sl_fold]).float() @ fold  # [2, ..., sum(s)]
-    sc, ph = _ratios_of_class_sums(v, valid, svec)
-    return _smallest_near_best(sc, ph, svec, rel_tol)
-
-
-@functools.lru_cache(maxsize=64)
-def _residue_fold(strides: tuple[int, ...], P: int, device: torch.device):
-    """``fold [P, sum(s)]`` (residue mod ``P`` -> class of each stride, stride-major),
-    ``valid [k, P]`` (column of (stride i, class c), -1 past the stride), ``svec [k]``."""
-    fold = torch.zeros(P, sum(strides))
-    valid = torch.full((len(strides), P), -1, dtype=torch.long)
-    r = torch.arange(P)
-    o = 0
-    for i, s in enumerate(strides):
-        fold[r, o + r % s] = 1.0
-        valid[i, :s] = torch.arange(o, o + s)
-        o += s
-    return tuple(to_device(t, device) for t in (fold, valid, torch.tensor(strides)))
+    return search_folds_reference(col_fold, sl_fold, strides, rel_tol=rel_tol)
 
 
 def pool_blocks(x: torch.Tensor, block: int) -> torch.Tensor:

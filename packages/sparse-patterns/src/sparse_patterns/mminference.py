@@ -45,6 +45,7 @@ from .plan import (
     grid_block_lines,
     grid_block_mask,
     grid_block_runs,
+    grid_candidate_lists,
     grid_lists,
     lists_from_chunks,
     lists_from_element_chunks,
@@ -310,6 +311,8 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
                 f"for S={ctx.S} and tokens_per_frame={ctx.layout.tokens_per_frame}"
             )
         spaces.setdefault(sp, []).extend(range(i, N, Hg))
+    if _fused_grid_fits(ctx, hs, cfgs, spaces, L):
+        return _plan_grid_fused(ctx, cfgs, next(iter(spaces)), L)
     if len({math.lcm(*sp) for sp in spaces if _folds_fit(math.lcm(*sp), ctx.S)}) > 1:
         # Several common periods: one line-score pass, folded per period in torch, costs less
         # than one fold pass over the keys per period.
@@ -362,6 +365,58 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
         idx, cnt = grid_lists(perm, offs, flags[1], flags[2], ctx.S, ctx.block, lines=lines)
     runs = grid_block_runs(perm, offs, ctx.S, ctx.block, lines=lines)  # step = stride
     return idx, cnt, perm, perm, {"stride": stride, "phase": phase, "kv_runs": runs}
+
+
+def _fused_grid_fits(ctx: _Ctx, hs, cfgs, spaces: dict, L: int) -> bool:
+    """Whether a Grid group is planned by :func:`_plan_grid_fused`: ``GRID_FUSED`` allows it
+    ("auto": on CUDA), the group holds every head of the layer (the fold kernel groups query
+    heads by KV head) with one stride space whose period fits the folds, no head has
+    horizontal lines, at most 128 query rows, and no other group of the layer already made
+    the line scores (then folding those costs less than a pass over the keys)."""
+    if GRID_FUSED == "off" or (GRID_FUSED == "auto" and ctx.q.device.type != "cuda"):
+        return False
+    if len(spaces) != 1 or len(hs) != ctx.H or min(L, ctx.S) > 128:
+        return False
+    P = math.lcm(*next(iter(spaces)))
+    if not _folds_fit(P, ctx.S) or L in ctx._lines_last:
+        return False
+    return not any(c.pattern.use_hline for c in cfgs)
+
+
+@functools.lru_cache(maxsize=64)
+def _head_flags(flags: tuple[tuple[bool, ...], ...], B: int, device: torch.device) -> torch.Tensor:
+    """int32 ``[len(flags), B * H]`` on ``device`` (b-major), made once per value."""
+    return to_device(torch.tensor(flags, dtype=torch.int32).repeat(1, B), device)
+
+
+def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
+    """:func:`_plan_grid` in five launches and one host read (see :func:`_fused_grid_fits`):
+    the fold kernel, its merge, the stride and phase search
+    (``sparse_kernels.estimate.line_fold_search``), the permutation with each block's index
+    (``grid_blocks_triton``), then, after the read of the candidate widths, the lists. The
+    same stride, phase, permutation, lists and runs as the unfused path (tests compare)."""
+    from sparse_kernels.estimate import line_fold_search
+    from sparse_kernels.permuted.grid_triton import grid_blocks_triton
+    from sparse_kernels.permuted.perms import host_ints
+
+    S, blk = ctx.S, ctx.block
+    n = min(L, S)
+    P = math.lcm(*sp)
+    lo, hi = E.grid_window(P, S)
+    st, ph, _ = line_fold_search(
+        ctx.q[:, :, S - n :], ctx.k, S - n, period=P, lo=lo, hi=hi, strides=sp,
+        scale=ctx.scale, impl="triton",
+    )  # fmt: skip
+    st, ph = st.reshape(-1), ph.reshape(-1)
+    flags = _head_flags(
+        tuple(tuple(getattr(c.pattern, f) for c in cfgs) for f in ("use_vline", "use_slash")),
+        ctx.B, ctx.q.device,
+    )  # fmt: skip
+    perm, blocks, v_hi, widths = grid_blocks_triton(S, st, ph, flags[0], flags[1], blk, max(sp))
+    kmin, qmax, s_lo, s_hi, runs = blocks
+    wv, ws = host_ints(widths[0], widths[1])
+    idx, cnt = grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, -(-S // blk))
+    return idx, cnt, perm, perm, {"stride": st, "phase": ph, "kv_runs": runs}
 
 
 def _plan_block_sparse(ctx: _Ctx, hs, cfgs) -> tuple:
@@ -437,6 +492,9 @@ def _scatter_true(mask: torch.Tensor, idx: torch.Tensor, ok: torch.Tensor) -> No
 # Grid stride spaces whose common period is at most this (and at most S / 2) are searched on
 # line scores folded modulo the period (``last_line_folds``); wider ones on the full vectors.
 FOLD_MAX_PERIOD = 4096
+# Grid groups planned by ``_plan_grid_fused`` where it fits: "auto" (on CUDA), "triton" (also
+# elsewhere: the Triton interpreter in tests), "off" (never).
+GRID_FUSED = "auto"
 _RUN_KINDS = ("dense", "a_shape", "tri_shape")
 _BOUNDARY_BLOCK_LEVEL = True  # False: every boundary head on the element path (tests compare)
 # Elements of one batch of run ranges ([N, runs, ranges per run], several int64 temporaries).

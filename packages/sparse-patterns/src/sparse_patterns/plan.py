@@ -782,9 +782,6 @@ def grid_lists(
     candidates and their compaction; rows of up to ``GRID_LISTS_MAX_WIDTH`` candidates),
     ``"reference"`` (torch), ``"auto"`` (triton on CUDA where the rows fit, else torch; the
     same lists either way)."""
-    from sparse_kernels._validate import resolve_impl
-    from sparse_kernels.permuted.lists_triton import GRID_LISTS_MAX_WIDTH, launch_grid_lists
-
     N = perm.shape[0]
     nkb = -(-S // blk)
     dev = perm.device
@@ -797,6 +794,31 @@ def grid_lists(
     s_hi = torch.where(use_slash[:, None], s_hi, s_lo - 1)
     # Candidate widths: sizes that depend on the data, read back in one go.
     wv, ws = host_ints(v_hi.max() + 1, (s_hi - s_lo + 1).max().clamp_min(0))
+    return grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nkb, impl=impl)
+
+
+def grid_candidate_lists(
+    v_hi: torch.Tensor,
+    s_lo: torch.Tensor,
+    s_hi: torch.Tensor,
+    kmin: torch.Tensor,
+    qmax: torch.Tensor,
+    wv: int,
+    ws: int,
+    nkb: int,
+    *,
+    impl: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lists of :func:`grid_lists` from its candidate ranges: ``v_hi [N]`` (last key block
+    of vertical line 0, -1 without), ``s_lo``/``s_hi [N, NQB]`` (each query block's slash
+    range), ``kmin [N, NKB]``/``qmax [N, NQB]`` (smallest original key of a key block, largest
+    original row of a query block), and the widths ``wv >= max(v_hi) + 1``,
+    ``ws >= max(s_hi - s_lo + 1)`` (the lists' width is ``wv + ws + 1``)."""
+    from sparse_kernels._validate import resolve_impl
+    from sparse_kernels.permuted.lists_triton import GRID_LISTS_MAX_WIDTH, launch_grid_lists
+
+    N = s_lo.shape[0]
+    dev = s_lo.device
     which = resolve_impl(impl, dev, "grid_lists")
     if which == "triton" and wv + ws + 1 > GRID_LISTS_MAX_WIDTH:
         if impl == "triton":
@@ -807,6 +829,7 @@ def grid_lists(
         which = "reference"
     if which == "triton":
         return launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nkb)
+    v_hi, s_lo, s_hi, kmin, qmax = (t.long() for t in (v_hi, s_lo, s_hi, kmin, qmax))
     m = torch.arange(nkb, device=dev)[None, :, None]
     cand_v = torch.arange(wv, device=dev)[None, None, :].expand(N, nkb, wv)
     ok_v = cand_v <= v_hi[:, None, None]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .._validate import (
@@ -12,6 +14,7 @@ from .._validate import (
     resolve_impl,
 )
 from .reference import line_folds_reference, line_scores_reference
+from .search import host_to_device, search_folds_reference
 
 
 def line_scores(
@@ -48,6 +51,84 @@ def line_scores(
     from .triton import line_scores_triton
 
     return line_scores_triton(q_rows, k, row_start, scale=scale)
+
+
+def line_fold_search(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    row_start: int,
+    *,
+    period: int,
+    lo: int,
+    hi: int,
+    strides: list[int] | tuple[int, ...],
+    rel_tol: float = 0.15,
+    scale: float | None = None,
+    impl: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Grid head's stride and phase from the last query rows (MMInference Algorithm 1 on
+    :func:`line_folds`): ``(stride int64, phase int64, score float32)``, each ``[B, H]``.
+
+    Per candidate stride ``s`` (each dividing ``period``), class ``c`` of the folded column and
+    diagonal mass sums the residues ``c, c + s, ...``; the stride's score is the larger
+    concentration ratio (best class / mean class) of the two kinds of line, its phase the best
+    column class; the answer is the smallest stride scoring within ``rel_tol`` of the best
+    (:func:`~sparse_kernels.estimate.search.search_folds_reference`).
+
+    The Triton path is :func:`line_folds`' pass over the keys and its merge, then one program
+    per head for the fold and the search: three launches, no host read.
+
+    Args:
+        q_rows, k, row_start, period, lo, hi, scale: as in :func:`line_folds`.
+        strides: the candidate strides, each ``>= 1`` and dividing ``period``.
+        rel_tol: ``0 <= rel_tol < 1``.
+        impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
+    """
+    D = _check_rows_and_keys(q_rows, k, row_start)
+    S = k.shape[2]
+    _check_fold_args(period, lo, hi, S)
+    strides = tuple(sorted(strides))
+    bad = [s for s in strides if isinstance(s, bool) or not isinstance(s, int) or s < 1]
+    bad += [s for s in strides if s not in bad and period % s]
+    if not strides or bad:
+        raise ValueError(
+            f"strides: expected a non-empty list of ints dividing period={period}, got "
+            f"{list(strides)}"
+        )
+    if (
+        isinstance(rel_tol, bool)
+        or not isinstance(rel_tol, (int, float))
+        or not (0.0 <= rel_tol < 1.0)
+    ):
+        raise ValueError(f"rel_tol: expected a float in [0, 1), got {rel_tol!r}")
+    scale = check_scale(scale, D)
+    if resolve_impl(impl, q_rows.device, "line_fold_search") == "reference":
+        col, sl = line_folds_reference(
+            q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale
+        )
+        return search_folds_reference(col, sl, strides, rel_tol=rel_tol)
+    check_triton_head_dim(D, "line_fold_search")
+    from .triton import line_fold_search_triton
+
+    return line_fold_search_triton(
+        q_rows, k, row_start, period=period, lo=lo, hi=hi,
+        strides=_strides_on(strides, q_rows.device), rel_tol=rel_tol, scale=scale,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=64)
+def _strides_on(strides: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return host_to_device(torch.tensor(strides, dtype=torch.int32), device)
+
+
+def _check_fold_args(period: int, lo: int, hi: int, S: int) -> None:
+    for name, val in (("period", period), ("lo", lo), ("hi", hi)):
+        if isinstance(val, bool) or not isinstance(val, int):
+            raise TypeError(f"{name}: expected an int, got {type(val).__name__}")
+    if period < 1:
+        raise ValueError(f"period: expected >= 1, got {period}")
+    if not 0 <= lo <= hi <= S:
+        raise ValueError(f"lo, hi: expected 0 <= lo <= hi <= S={S}, got lo={lo}, hi={hi}")
 
 
 def _check_rows_and_keys(q_rows: torch.Tensor, k: torch.Tensor, row_start: int) -> int:
@@ -116,14 +197,7 @@ def line_folds(
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
     """
     D = _check_rows_and_keys(q_rows, k, row_start)
-    S = k.shape[2]
-    for name, val in (("period", period), ("lo", lo), ("hi", hi)):
-        if isinstance(val, bool) or not isinstance(val, int):
-            raise TypeError(f"{name}: expected an int, got {type(val).__name__}")
-    if period < 1:
-        raise ValueError(f"period: expected >= 1, got {period}")
-    if not 0 <= lo <= hi <= S:
-        raise ValueError(f"lo, hi: expected 0 <= lo <= hi <= S={S}, got lo={lo}, hi={hi}")
+    _check_fold_args(period, lo, hi, k.shape[2])
     scale = check_scale(scale, D)
     if resolve_impl(impl, q_rows.device, "line_folds") == "reference":
         return line_folds_reference(q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale)

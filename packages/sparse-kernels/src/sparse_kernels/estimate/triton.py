@@ -593,13 +593,56 @@ def line_folds_triton(
     kernel's tile and launch settings, for tests and tuning; by default 128-wide tiles and 4
     warps, and for more than 64 rows 64-wide tiles and 8 warps, which keeps the two
     ``[rows, block_n]`` float32 accumulators in registers)."""
+    B, H, L, _ = q_rows.shape
+    col, sl, seg = _fold_partials(
+        q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale, block_n=block_n,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    col, sl = _fold_tail(col, sl, seg, period, row_start)
+    return col.reshape(B, H, period), sl.reshape(B, H, period)
+
+
+def _fold_tail(
+    col: torch.Tensor, sl: torch.Tensor, seg: int, P: int, row_start: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merged partials of :func:`_fold_partials` as folds ``[B * H, P]`` (torch): ``col``
+    summed over row groups and segment multiples, ``sl`` per row by offset class."""
+    BH, L, seg_w = sl.shape
+    col = col.sum(1)
+    if seg_w < seg:  # sub-tiles past the last key: zero sums
+        col = torch.nn.functional.pad(col, (0, seg - seg_w))
+        sl = torch.nn.functional.pad(sl, (0, seg - seg_w))
+    if col.shape[-1] != P:
+        col = col[:, :seg].reshape(BH, seg // P, P).sum(1)
+        sl = sl[..., :seg].reshape(BH, L, seg // P, P).sum(2)  # [BH, L, P], by key residue
+    # Row l's key residue e is offset residue (r_l - e) mod P: gather each row by offset class.
+    sl = sl.gather(2, _slash_residues(row_start % P, L, P, sl.device).expand(BH, L, P)).sum(1)
+    return col, sl
+
+
+def _fold_partials(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    row_start: int,
+    *,
+    period: int,
+    lo: int,
+    hi: int,
+    scale: float,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The fold kernel and its merge: ``(col [B * H, row groups, seg_w], sl [B * H, L, seg_w],
+    seg)``, float32. ``col`` summed over its row groups and ``sl`` over its rows (after each
+    row's offset-class gather) are the folds of a segment of ``seg`` positions (a multiple of
+    the period); positions ``seg_w ..`` of the segment hold nothing."""
     B, H, L, D = q_rows.shape
     H_KV, S = k.shape[1], k.shape[2]
     q_rows = q_rows if q_rows.stride(-1) == 1 else q_rows.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     BLOCK_L = max(16, triton.next_power_of_2(L))
     dev = q_rows.device
-    P = period
     if block_n is None:
         # fp32 goes through exact (FMA-emulated) dots: a narrow tile, as in the other kernels.
         block_n = FP32_CONFIG["BLOCK_N"] if q_rows.dtype == torch.float32 else _FOLD_BLOCK_N
@@ -608,7 +651,7 @@ def line_folds_triton(
     if num_warps is None:
         num_warps = 8 if BLOCK_L > 64 else 4
     n_keys = min(S, row_start + L)
-    seg, n_sub, n_seg, per, n_chunks = _fold_plan(P, n_keys, B * H, block_n)
+    seg, n_sub, n_seg, per, n_chunks = _fold_plan(period, n_keys, B * H, block_n)
     BH, n_part = B * H, n_sub * n_chunks
     m = torch.empty(BH, n_part, BLOCK_L, dtype=torch.float32, device=dev)
     lsum = torch.empty_like(m)
@@ -634,16 +677,129 @@ def line_folds_triton(
         m, lsum, acol, asl, col, sl, L, n_sub, n_chunks, seg_w,
         BLOCK_L=BLOCK_L, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4,
     )  # fmt: skip
-    col = col.sum(1)
-    if seg_w < seg:  # sub-tiles past the last key: zero sums
-        col = torch.nn.functional.pad(col, (0, seg - seg_w))
-        sl = torch.nn.functional.pad(sl, (0, seg - seg_w))
-    if col.shape[-1] != P:
-        col = col[:, :seg].reshape(BH, seg // P, P).sum(1)
-        sl = sl[..., :seg].reshape(BH, L, seg // P, P).sum(2)  # [BH, L, P], by key residue
-    # Row l's key residue e is offset residue (r_l - e) mod P: gather each row by offset class.
-    sl = sl.gather(2, _slash_residues(row_start % P, L, P, dev).expand(BH, L, P)).sum(1)
-    return col.reshape(B, H, P), sl.reshape(B, H, P)
+    return col, sl, seg
+
+
+@triton.jit
+def _fold_search_kernel(
+    col_ptr,
+    sl_ptr,
+    scratch_ptr,
+    strides_ptr,
+    st_ptr,
+    ph_ptr,
+    sc_ptr,
+    n_g,
+    seg_w,
+    n_mult,
+    L,
+    start_mod,
+    P,
+    n_strides,
+    keep,
+    BLOCK_P: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # Program bh: (1) the folds of the merged partials (``line_folds_triton``'s torch tail):
+    # colf[c] sums col over row groups and segment multiples at residue c; slf[c] sums row l's
+    # diagonal sums at key residue (r_l - c) mod P. (2) Algorithm 1 on them
+    # (``search_folds_reference``): per stride s, class c' sums the residues c' + m * s; the
+    # score is the larger best / mean ratio of the two kinds of line, the phase the best column
+    # class; the answer is the smallest stride scoring at least keep * best.
+    bh = tl.program_id(0)
+    c = tl.arange(0, BLOCK_P)
+    okp = c < P
+    colf = tl.zeros([BLOCK_P], dtype=tl.float32)
+    slf = tl.zeros([BLOCK_P], dtype=tl.float32)
+    base_c = col_ptr + bh.to(tl.int64) * n_g * seg_w
+    for g in range(n_g):
+        for m in range(n_mult):
+            x = m * P + c
+            colf += tl.load(base_c + g * seg_w + x, mask=okp & (x < seg_w), other=0.0)
+    base_s = sl_ptr + bh.to(tl.int64) * L * seg_w
+    for l in range(L):
+        e = (start_mod + l % P - c + 2 * P) % P
+        for m in range(n_mult):
+            x = m * P + e
+            slf += tl.load(base_s + l * seg_w + x, mask=okp & (x < seg_w), other=0.0)
+    scr = scratch_ptr + bh.to(tl.int64) * 2 * BLOCK_P
+    tl.store(scr + c, colf)
+    tl.store(scr + BLOCK_P + c, slf)
+    tl.debug_barrier()  # the class sums below read other threads' residues
+    kk = tl.arange(0, BLOCK_K)
+    scores = tl.full([BLOCK_K], float("-inf"), dtype=tl.float32)
+    phases = tl.zeros([BLOCK_K], dtype=tl.int32)
+    for i in range(n_strides):
+        s = tl.load(strides_ptr + i)
+        cls = c < s
+        vc = tl.zeros([BLOCK_P], dtype=tl.float32)
+        vs = tl.zeros([BLOCK_P], dtype=tl.float32)
+        for m in range(P // s):
+            vc += tl.load(scr + m * s + c, mask=cls, other=0.0)
+            vs += tl.load(scr + BLOCK_P + m * s + c, mask=cls, other=0.0)
+        best_c = tl.max(tl.where(cls, vc, float("-inf")), 0)
+        arg_c = tl.argmax(tl.where(cls, vc, float("-inf")), 0)
+        best_s = tl.max(tl.where(cls, vs, float("-inf")), 0)
+        r_c = best_c / tl.maximum(tl.sum(vc, 0) / s, 1e-30)
+        r_s = best_s / tl.maximum(tl.sum(vs, 0) / s, 1e-30)
+        scores = tl.where(kk == i, tl.maximum(r_c, r_s), scores)
+        phases = tl.where(kk == i, arg_c, phases)
+    best = tl.max(scores, 0)
+    near = (scores >= best * keep) & (kk < n_strides)
+    first = tl.min(tl.where(near, kk, BLOCK_K), 0)
+    first = tl.where(first == BLOCK_K, 0, first)  # no score compares (NaN): the first stride
+    tl.store(st_ptr + bh, tl.load(strides_ptr + first).to(tl.int64))
+    tl.store(ph_ptr + bh, tl.sum(tl.where(kk == first, phases, 0), 0).to(tl.int64))
+    tl.store(sc_ptr + bh, tl.sum(tl.where(kk == first, scores, 0.0), 0))
+
+
+def line_fold_search_triton(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    row_start: int,
+    *,
+    period: int,
+    lo: int,
+    hi: int,
+    strides: torch.Tensor,
+    rel_tol: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fold kernel, its merge and ``_fold_search_kernel``: ``(stride int64, phase int64,
+    score float32)``, each ``[B, H]``. ``strides``: int32 ``[k]`` on the device, ascending, each
+    dividing ``period`` (not checked here)."""
+    B, H, L, _ = q_rows.shape
+    col, sl, seg = _fold_partials(q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale)
+    st, ph, score = _search_partials(col, sl, seg, period, row_start, strides, rel_tol)
+    return st.reshape(B, H), ph.reshape(B, H), score.reshape(B, H)
+
+
+def _search_partials(
+    col: torch.Tensor,
+    sl: torch.Tensor,
+    seg: int,
+    P: int,
+    row_start: int,
+    strides: torch.Tensor,
+    rel_tol: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_fold_search_kernel`` on merged partials (see :func:`_fold_partials`): ``(stride,
+    phase, score)``, each ``[B * H]``; the search of :func:`_fold_tail`'s folds."""
+    BH, n_g, seg_w = col.shape
+    L = sl.shape[1]
+    dev = col.device
+    block_p = triton.next_power_of_2(P)
+    scratch = torch.empty(BH, 2, block_p, dtype=torch.float32, device=dev)
+    out = torch.empty(2, BH, dtype=torch.int64, device=dev)
+    score = torch.empty(BH, dtype=torch.float32, device=dev)
+    keep = float(torch.tensor(1.0 - rel_tol, dtype=torch.float32))
+    _fold_search_kernel[(BH,)](
+        col, sl, scratch, strides, out[0], out[1], score, n_g, seg_w, seg // P, L,
+        row_start % P, P, strides.shape[0], keep,
+        BLOCK_P=block_p, BLOCK_K=triton.next_power_of_2(strides.shape[0]),
+        num_warps=4 if block_p <= 1024 else 8,
+    )  # fmt: skip
+    return out[0], out[1], score
 
 
 @functools.lru_cache(maxsize=32)

@@ -65,3 +65,107 @@ def _launch_grid_permutation_fwd(
         st, ph, perm, inv, S, BLOCK=_BLOCK, STEPS=steps
     )
     return perm, inv
+
+
+@triton.jit
+def _grid_blocks_kernel(
+    st_ptr,
+    ph_ptr,
+    vline_ptr,
+    slash_ptr,
+    perm_ptr,
+    blocks_ptr,
+    v_hi_ptr,
+    width_ptr,
+    S,
+    plane,
+    nb,
+    blk,
+    BM: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    STEPS: tl.constexpr,
+):
+    # Program (run of BM blocks of blk permuted positions, head n): the permutation of those
+    # positions (as in ``_grid_permutation_fwd_kernel``) and, per block, what the Grid block
+    # lists need: the smallest and largest original index, the first block of the first line it
+    # touches and the last block of the last (its slash candidates), and its run start (the
+    # first original index when the block lies on one line, else -1). The widest slash range
+    # and vertical-line range go to width_ptr by atomic max.
+    pid = tl.program_id(0)
+    n = tl.program_id(1)
+    st = tl.load(st_ptr + n).to(tl.int32)
+    ph = tl.load(ph_ptr + n).to(tl.int32)
+    ph = ((ph % st) + st) % st
+    q = S // st
+    r = S - q * st
+    m = pid * BM + tl.arange(0, BM)
+    u = tl.arange(0, BLOCK_B)
+    p = m[:, None] * blk + u[None, :]
+    ok = (u[None, :] < blk) & (p < S)
+    lo = tl.zeros([BM, BLOCK_B], dtype=tl.int32)
+    hi = lo + st
+    for _ in range(STEPS):  # invariant: start(lo) <= p < start(hi)
+        mid = (lo + hi) // 2
+        take = _line_start(mid, ph, st, q, r) <= p
+        lo = tl.where(take, mid, lo)
+        hi = tl.where(take, hi, mid)
+    first = tl.where(ph + lo < st, ph + lo, ph + lo - st)
+    val = first + st * (p - _line_start(lo, ph, st, q, r))
+    row = n.to(tl.int64) * S
+    tl.store(perm_ptr + row + p, val, mask=ok)
+    big = 2147483647
+    kmin = tl.min(tl.where(ok, val, big), 1)
+    qmax = tl.max(tl.where(ok, val, -1), 1)
+    c_lo = tl.min(tl.where(ok, lo, big), 1)
+    c_hi = tl.max(tl.where(ok, lo, -1), 1)
+    s_lo = _line_start(c_lo, ph, st, q, r) // blk
+    use_slash = tl.load(slash_ptr + n) != 0
+    s_hi = tl.where(use_slash, (_line_start(c_hi + 1, ph, st, q, r) - 1) // blk, s_lo - 1)
+    runs = tl.where(c_lo == c_hi, kmin, -1)  # a line ascends: its first entry is its smallest
+    mok = m < nb
+    out = blocks_ptr + n.to(tl.int64) * nb + m
+    tl.store(out, kmin, mask=mok)
+    tl.store(out + plane, qmax, mask=mok)
+    tl.store(out + 2 * plane, s_lo, mask=mok)
+    tl.store(out + 3 * plane, s_hi, mask=mok)
+    tl.store(out + 4 * plane, runs, mask=mok)
+    tl.atomic_max(width_ptr + 1, tl.max(tl.where(mok, s_hi - s_lo + 1, 0), 0))
+    if pid == 0:
+        v_hi = tl.where(tl.load(vline_ptr + n) != 0, (_line_start(1, ph, st, q, r) - 1) // blk, -1)
+        tl.store(v_hi_ptr + n, v_hi)
+        tl.atomic_max(width_ptr, v_hi + 1)
+
+
+def grid_blocks_triton(
+    S: int,
+    stride: torch.Tensor,
+    phase: torch.Tensor,
+    use_vline: torch.Tensor,
+    use_slash: torch.Tensor,
+    block: int,
+    max_stride: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Grid permutation and the per-block index of its block lists in one launch.
+
+    ``stride``/``phase``: int ``[N]`` (strides in ``1 .. max_stride``, not checked here);
+    ``use_vline``/``use_slash``: int or bool ``[N]``. Returns ``(perm int32 [N, S],
+    blocks int32 [5, N, NB], v_hi int32 [N], widths int32 [2])``: ``blocks`` holds per block of
+    ``block`` permuted positions its smallest original index, its largest, the first and last
+    key block of its slash candidates (the lines it touches; last = first - 1 without slash
+    lines) and its run start (-1: not one line); ``v_hi`` the last key block of vertical
+    line 0 (-1 without vertical lines); ``widths`` the widest vertical range (``max(v_hi) + 1``)
+    and slash range (at least 0)."""
+    N = stride.shape[0]
+    dev = stride.device
+    nb = triton.cdiv(S, block)
+    perm = torch.empty(N, S, dtype=torch.int32, device=dev)
+    blocks = torch.empty(5, N, nb, dtype=torch.int32, device=dev)
+    small = torch.zeros(N + 2, dtype=torch.int32, device=dev)
+    block_b = triton.next_power_of_2(block)
+    bm = max(1, 2048 // block_b)
+    steps = max(1, int(max_stride).bit_length())
+    _grid_blocks_kernel[(triton.cdiv(nb, bm), N)](
+        stride, phase, use_vline, use_slash, perm, blocks, small, small[N:], S, N * nb, nb, block,
+        BM=bm, BLOCK_B=block_b, STEPS=steps,
+    )  # fmt: skip
+    return perm, blocks, small[:N], small[N:]

@@ -27,6 +27,49 @@ from sparse_patterns import estimate as E
 from sparse_patterns import mminference as MM
 
 
+def _host_split(fn, n: int = 20) -> dict:
+    """Host time of the fused estimation around its one host read, GPU idle at the start
+    (medians over ``n`` calls, ms): before the read (launches queued), the read itself (the
+    wait for the queued GPU work) and after it (the lists, the plan, the run split)."""
+    import statistics
+    import time
+
+    from sparse_kernels.permuted import perms
+
+    real = perms.host_ints
+    marks: list[float] = []
+
+    def timed(*xs):
+        marks.append(time.perf_counter())
+        out = real(*xs)
+        marks.append(time.perf_counter())
+        return out
+
+    perms.host_ints = timed
+    pre, wait, post, total = [], [], [], []
+    try:
+        for _ in range(n):
+            torch.cuda.synchronize()
+            marks.clear()
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            pre.append(marks[0] - t0)
+            wait.append(marks[1] - marks[0])
+            post.append(t1 - marks[1])
+            total.append(time.perf_counter() - t0)
+    finally:
+        perms.host_ints = real
+    med = lambda x: statistics.median(x) * 1e3  # noqa: E731
+    return {
+        "host_before_read_ms": med(pre),
+        "host_read_wait_ms": med(wait),
+        "host_after_read_ms": med(post),
+        "host_total_ms": med(total),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqs", type=int, nargs="+", default=[131072])
@@ -81,6 +124,11 @@ def main() -> None:
             lambda: line_fold_search(
                 qr, k, S - L, period=P, lo=lo, hi=hi, strides=strides, scale=sc
             ),
+            warmup=3,
+            rep=a.rep,
+        )
+        row["line_folds_eager_rescale_ms"] = cuda_time_ms(
+            lambda: line_folds_triton(qr, k, S - L, period=P, lo=lo, hi=hi, scale=sc, lazy=False),
             warmup=3,
             rep=a.rep,
         )
@@ -155,6 +203,7 @@ def main() -> None:
                 )
             finally:
                 MM.FOLD_MAX_PERIOD, MM.GRID_FUSED = 4096, "auto"
+        row.update(_host_split(lambda: plan_layer(q, k, cfgs, lay, block=bg.BLOCK)._launch_lists))
         for name in ("fused", "fold", "lines"):
             row[f"estimation_over_kernel_{name}"] = row[f"estimation_ms_{name}"] / row["kernel_ms"]
         print(json.dumps(row), flush=True)

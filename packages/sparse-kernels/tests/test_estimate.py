@@ -166,6 +166,14 @@ def test_line_folds_matches_reference(
     _check_folds(B, H, H_KV, L, S, D, row_start, period, lo, hi, block_n, dtype)
 
 
+def test_line_folds_eager_rescaling_matches_reference():
+    """``lazy=False`` (every interior tile rescales the accumulators) on the cases with interior
+    tiles: the same error budgets as the lazy default."""
+    for case in ("last64-S300-P16-periods-per-tile", "P48-one-period-per-tile"):
+        (args,) = [c.values for c in FOLD_CASES if c.id == case]
+        _check_folds(*args, torch.float16, lazy=False)
+
+
 @pytest.mark.parametrize("programs", [1, 3, 7])
 def test_line_folds_with_several_segments_per_program(monkeypatch, programs):
     """Few programs: each walks many segments, and partials of the same sub-tile are merged

@@ -414,6 +414,26 @@ def test_plan_layer_fused_grid_equals_the_unfused_plan(
     assert len(set(b.meta["stride"].flatten().tolist())) > 1 or heads[0].stride is not None
 
 
+def test_plan_layer_fused_grid_rows_wider_than_the_lists_kernel(monkeypatch):
+    """Candidate rows wider than ``GRID_LISTS_MAX_WIDTH``: the fused planner builds the lists
+    in torch (and ``run`` splits them), with the same plan as the unfused path."""
+    from sparse_kernels.permuted import lists_triton
+    from sparse_patterns import HeadConfig
+
+    monkeypatch.setattr(lists_triton, "GRID_LISTS_MAX_WIDTH", 4)
+    S = 997
+    q, k, _ = planted_grid_qkv(1, 4, 2, S, 32, stride=8, phase=3, vline=True, slash=True, seed=5)
+    lay = TokenLayout(torch.full((S,), 2, device=DEV), tokens_per_frame=16)
+    ((a, la), (b, lb)), took = _plans_fused_and_not(
+        monkeypatch, q.to(DEV), k.to(DEV), [HeadConfig(Grid())] * 4, lay, 32
+    )
+    assert took == ["fused"] and b.run_split is None
+    assert torch.equal(a.kv_block_indices, b.kv_block_indices)
+    assert torch.equal(a.kv_block_counts, b.kv_block_counts)
+    for x, y in zip((*la[:2], *la[2][:2]), (*lb[:2], *lb[2][:2])):
+        assert torch.equal(x, y)
+
+
 @pytest.mark.parametrize(
     "heads, tpf, why",
     [

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 from sparse_kernels import AttentionOutput
+from sparse_kernels._validate import TRITON_MAX_HEAD_DIM
 from sparse_kernels.permuted import grid_permutation
 from sparse_kernels.permuted.perms import grid_line_offsets
 
@@ -291,8 +292,6 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     dev = ctx.q.device
     L = max(c.pattern.last_q for c in cfgs)
     N = ctx.B * len(hs)
-    stride = torch.zeros(N, dtype=torch.int64, device=dev)
-    phase = torch.zeros(N, dtype=torch.int64, device=dev)
     # Heads sharing a stride space are searched together (a loop over distinct spaces, not heads).
     spaces: dict[tuple[int, ...], list[int]] = {}
     Hg = len(cfgs)
@@ -313,6 +312,8 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
         spaces.setdefault(sp, []).extend(range(i, N, Hg))
     if _fused_grid_fits(ctx, hs, cfgs, spaces, L):
         return _plan_grid_fused(ctx, cfgs, next(iter(spaces)), L)
+    stride = torch.zeros(N, dtype=torch.int64, device=dev)
+    phase = torch.zeros(N, dtype=torch.int64, device=dev)
     if len({math.lcm(*sp) for sp in spaces if _folds_fit(math.lcm(*sp), ctx.S)}) > 1:
         # Several common periods: one line-score pass, folded per period in torch, costs less
         # than one fold pass over the keys per period.
@@ -377,6 +378,8 @@ def _fused_grid_fits(ctx: _Ctx, hs, cfgs, spaces: dict, L: int) -> bool:
         return False
     if len(spaces) != 1 or len(hs) != ctx.H or min(L, ctx.S) > 128:
         return False
+    if not 1 <= ctx.q.shape[-1] <= TRITON_MAX_HEAD_DIM:
+        return False
     P = math.lcm(*next(iter(spaces)))
     if not _folds_fit(P, ctx.S) or L in ctx._lines_last:
         return False
@@ -393,30 +396,50 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     """:func:`_plan_grid` in five launches and one host read (see :func:`_fused_grid_fits`):
     the fold kernel, its merge, the stride and phase search
     (``sparse_kernels.estimate.line_fold_search``), the permutation with each block's index
-    (``grid_blocks_triton``), then, after the read of the candidate widths, the lists. The
-    same stride, phase, permutation, lists and runs as the unfused path (tests compare)."""
-    from sparse_kernels.estimate import line_fold_search
-    from sparse_kernels.permuted.grid_triton import grid_blocks_triton
+    (``grid_blocks_triton``), then, after the read of the candidate widths, the lists with
+    their run split (what ``BlockPlan.run`` launches with). The same stride, phase,
+    permutation, lists, runs and split as the unfused path (tests compare). Each launch and
+    allocation costs host time that a 128K-token layer notices, hence the shared buffers."""
+    from sparse_kernels.estimate.triton import line_fold_search_triton
+    from sparse_kernels.permuted.grid_triton import grid_blocks_buffer, grid_blocks_triton
+    from sparse_kernels.permuted.lists_triton import GRID_LISTS_MAX_WIDTH, launch_grid_lists
     from sparse_kernels.permuted.perms import host_ints
 
-    S, blk = ctx.S, ctx.block
+    S, blk, dev = ctx.S, ctx.block, ctx.q.device
+    N = ctx.B * ctx.H
     n = min(L, S)
     P = math.lcm(*sp)
     lo, hi = E.grid_window(P, S)
-    st, ph, _ = line_fold_search(
-        ctx.q[:, :, S - n :], ctx.k, S - n, period=P, lo=lo, hi=hi, strides=sp,
-        scale=ctx.scale, impl="triton",
+    buf = grid_blocks_buffer(N, S, blk, dev)
+    st, ph, _ = line_fold_search_triton(
+        ctx.q[:, :, S - n :], ctx.k, S - n, period=P, lo=lo, hi=hi,
+        strides=_stride_vector(sp, dev), rel_tol=0.15, scale=ctx.scale, zero=buf[-2:],
     )  # fmt: skip
     st, ph = st.reshape(-1), ph.reshape(-1)
     flags = _head_flags(
         tuple(tuple(getattr(c.pattern, f) for c in cfgs) for f in ("use_vline", "use_slash")),
-        ctx.B, ctx.q.device,
+        ctx.B, dev,
     )  # fmt: skip
-    perm, blocks, v_hi, widths = grid_blocks_triton(S, st, ph, flags[0], flags[1], blk, max(sp))
+    perm, blocks, v_hi, widths = grid_blocks_triton(
+        S, st, ph, flags[0], flags[1], blk, max(sp), buf=buf
+    )
     kmin, qmax, s_lo, s_hi, runs = blocks
-    wv, ws = host_ints(widths[0], widths[1])
-    idx, cnt = grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, -(-S // blk))
-    return idx, cnt, perm, perm, {"stride": st, "phase": ph, "kv_runs": runs}
+    wv, ws = host_ints(widths)
+    nb = -(-S // blk)
+    meta = {"stride": st, "phase": ph, "kv_runs": runs}
+    if wv + ws + 1 <= GRID_LISTS_MAX_WIDTH:
+        idx, cnt, meta["run_split"] = launch_grid_lists(
+            v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb, runs=runs
+        )
+    else:
+        idx, cnt = grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb)
+    return idx, cnt, perm, perm, meta
+
+
+@functools.lru_cache(maxsize=64)
+def _stride_vector(sp: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The stride space as int32 ``[k]`` on ``device``, ascending, made once per value."""
+    return to_device(torch.tensor(sorted(sp), dtype=torch.int32), device)
 
 
 def _plan_block_sparse(ctx: _Ctx, hs, cfgs) -> tuple:
@@ -950,6 +973,9 @@ def plan_layer(
         runs = merged("runs", (nb,), torch.int32, lambda: torch.arange(nb, **i32) * block)
         one = lambda: torch.ones((), **i64)  # noqa: E731
         kv_runs = (runs, 1 if step_one else merged("step", (), torch.int64, one))
+    run_split = None
+    if len(results) == 1 and "run_split" in results[0][1][4]:  # one group: every head, in order
+        run_split = tuple(t.reshape(B, H, *t.shape[1:]) for t in results[0][1][4]["run_split"])
     return BlockPlan(
         merged("idx", (nb, maxb), torch.int32, lambda: torch.zeros(nb, maxb, **i32)),
         merged("cnt", (nb,), torch.int32, lambda: torch.zeros(nb, **i32)),
@@ -959,7 +985,7 @@ def plan_layer(
         {"stride": merged("st", (), torch.int64, minus_one),
          "phase": merged("ph", (), torch.int64, minus_one)},
         tuple(exact_vertical), exact_lists=exact_vertical_lists or not (exact_vertical or exact_a_shape),
-        kv_runs=kv_runs, exact_a_shape=tuple(exact_a_shape),
+        kv_runs=kv_runs, exact_a_shape=tuple(exact_a_shape), run_split=run_split,
     )  # fmt: skip
 
 

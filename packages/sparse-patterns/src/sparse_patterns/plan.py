@@ -71,6 +71,9 @@ class BlockPlan:
     runs: ``runs`` int32 ``[B, H, NKB]`` equal to ``sparse_kernels.permuted.kv_block_runs(
     kv_perm, block, step)`` and ``step`` int64 ``[B, H]``, or the int 1 for every head; None:
     :meth:`run` finds them from ``kv_perm``.
+    ``run_split``: ``(kv_block_indices, kv_block_counts, kv_run_starts, kv_run_counts)``, the
+    lists split by ``kv_runs`` as ``sparse_kernels.permuted.split_run_blocks`` splits them, when
+    the planner made them with the lists (no exact heads); None: :meth:`run` splits them.
     """
 
     kv_block_indices: torch.Tensor
@@ -84,6 +87,7 @@ class BlockPlan:
     exact_lists: bool = True
     kv_runs: tuple[torch.Tensor, torch.Tensor | int] | None = None
     exact_a_shape: tuple[ExactAShapeHeads, ...] = ()
+    run_split: tuple[torch.Tensor, ...] | None = None
 
     @property
     def _exact_parts(self) -> tuple:
@@ -220,6 +224,9 @@ class BlockPlan:
                 counts[:, heads_index(list(part.heads), counts.device)] = 0
         if self.kv_perm is None:
             return self.kv_block_indices, counts, None
+        if self.run_split is not None and not self._exact_parts:
+            idx, cnt, rs, rc = self.run_split
+            return idx, cnt, (rs, rc, self.kv_runs[1])
         if self.kv_runs is not None:
             runs, step = self.kv_runs
         else:

@@ -437,6 +437,7 @@ def _line_folds_fwd_kernel(
     BLOCK_L: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
+    LAZY: tl.constexpr,
 ):
     pos, b, h, bh = _group_major(H, GROUP)
     t = pos % n_sub
@@ -476,13 +477,30 @@ def _line_folds_fwd_kernel(
         )
         if inside:
             s = _key_scores(q, kb, j, offs_n >= 0, offs_d, stride_k_s, qk_scale, D, IEEE)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            a_col = a_col * alpha[:, None] + p
-            a_sl = a_sl * alpha[:, None] + p
-            m_i = m_new
+            m_tile = tl.max(s, 1)
+            if LAZY:
+                # Rescale only when some row's max grows by more than 2**8: with a stale max the
+                # terms stay below 2**8, far from overflow, and most tiles skip two
+                # [BLOCK_L, BLOCK_N] multiplies. Every row has a key here, so m_tile is finite.
+                if tl.max(m_tile - m_i, 0) > 8.0:
+                    m_new = tl.maximum(m_i, m_tile)
+                    alpha = tl.exp2(m_i - m_new)
+                    l_i = l_i * alpha
+                    a_col = a_col * alpha[:, None]
+                    a_sl = a_sl * alpha[:, None]
+                    m_i = m_new
+                p = tl.exp2(s - m_i[:, None])
+                l_i = l_i + tl.sum(p, 1)
+                a_col = a_col + p
+                a_sl = a_sl + p
+            else:
+                m_new = tl.maximum(m_i, m_tile)
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                a_col = a_col * alpha[:, None] + p
+                a_sl = a_sl * alpha[:, None] + p
+                m_i = m_new
         else:
             ok_j = (j < n_keys) & (offs_n < width)
             s = _key_scores(q, kb, j, ok_j, offs_d, stride_k_s, qk_scale, D, IEEE)
@@ -587,16 +605,18 @@ def line_folds_triton(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    lazy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One pass over the keys, the partials merged by ``_line_folds_merge_kernel``, then the
     residue fold and the slash gather in torch (``block_n``, ``num_warps``, ``num_stages``: the
     kernel's tile and launch settings, for tests and tuning; by default 128-wide tiles and 4
     warps, and for more than 64 rows 64-wide tiles and 8 warps, which keeps the two
-    ``[rows, block_n]`` float32 accumulators in registers)."""
+    ``[rows, block_n]`` float32 accumulators in registers; ``lazy``: rescale the accumulators
+    of interior tiles only when a row max grows by more than 2**8, False: on every tile)."""
     B, H, L, _ = q_rows.shape
     col, sl, seg = _fold_partials(
         q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale, block_n=block_n,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, lazy=lazy,
     )  # fmt: skip
     col, sl = _fold_tail(col, sl, seg, period, row_start)
     return col.reshape(B, H, period), sl.reshape(B, H, period)
@@ -632,6 +652,7 @@ def _fold_partials(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    lazy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The fold kernel and its merge: ``(col [B * H, row groups, seg_w], sl [B * H, L, seg_w],
     seg)``, float32. ``col`` summed over its row groups and ``sl`` over its rows (after each
@@ -653,10 +674,15 @@ def _fold_partials(
     n_keys = min(S, row_start + L)
     seg, n_sub, n_seg, per, n_chunks = _fold_plan(period, n_keys, B * H, block_n)
     BH, n_part = B * H, n_sub * n_chunks
-    m = torch.empty(BH, n_part, BLOCK_L, dtype=torch.float32, device=dev)
-    lsum = torch.empty_like(m)
-    acol = torch.empty(BH, n_part, BLOCK_L, block_n, dtype=torch.float32, device=dev)
-    asl = torch.empty_like(acol)
+    seg_w = n_sub * block_n
+    block_r = min(16, BLOCK_L)
+    n_g = BLOCK_L // block_r
+    # One allocation for the partials and the merged sums (each allocation costs host time).
+    sizes = (BH * n_part * BLOCK_L,) * 2 + (BH * n_part * BLOCK_L * block_n,) * 2
+    sizes += (BH * n_g * seg_w, BH * L * seg_w)
+    m, lsum, acol, asl, col, sl = torch.empty(sum(sizes), dtype=torch.float32, device=dev).split(
+        sizes
+    )
     G = H // H_KV
     if num_stages is None:
         num_stages = 1 if on_interpreter() else 2
@@ -666,18 +692,14 @@ def _fold_partials(
         k.stride(0), k.stride(1), k.stride(2),
         H, G, L, S, row_start, seg, n_sub, n_seg, per, n_chunks, lo, hi, scale * LOG2E,
         D=D, BLOCK_D=block_d(D), BLOCK_L=BLOCK_L, BLOCK_N=block_n,
-        IEEE=q_rows.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
+        IEEE=q_rows.dtype == torch.float32, LAZY=lazy, num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
-    seg_w = n_sub * block_n
-    block_r = min(16, BLOCK_L)
-    n_g = BLOCK_L // block_r
-    col = torch.empty(BH, n_g, seg_w, dtype=torch.float32, device=dev)
-    sl = torch.empty(BH, L, seg_w, dtype=torch.float32, device=dev)
     _line_folds_merge_kernel[(BH, n_sub, n_g)](
         m, lsum, acol, asl, col, sl, L, n_sub, n_chunks, seg_w,
         BLOCK_L=BLOCK_L, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4,
     )  # fmt: skip
-    return col, sl, seg
+    return col.view(BH, n_g, seg_w), sl.view(BH, L, seg_w), seg
 
 
 @triton.jit
@@ -689,6 +711,8 @@ def _fold_search_kernel(
     st_ptr,
     ph_ptr,
     sc_ptr,
+    zero_ptr,
+    n_zero,
     n_g,
     seg_w,
     n_mult,
@@ -698,30 +722,39 @@ def _fold_search_kernel(
     n_strides,
     keep,
     BLOCK_P: tl.constexpr,
+    BLOCK_LR: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    # Program bh: (1) the folds of the merged partials (``line_folds_triton``'s torch tail):
-    # colf[c] sums col over row groups and segment multiples at residue c; slf[c] sums row l's
-    # diagonal sums at key residue (r_l - c) mod P. (2) Algorithm 1 on them
-    # (``search_folds_reference``): per stride s, class c' sums the residues c' + m * s; the
-    # score is the larger best / mean ratio of the two kinds of line, the phase the best column
-    # class; the answer is the smallest stride scoring at least keep * best.
+    # Program bh: (1) the folds of the merged partials (``_fold_tail`` in torch): colf[c] sums
+    # col over row groups and segment multiples at residue c; slf[c] sums row l's diagonal sums
+    # at key residue (r_l - c) mod P (BLOCK_LR rows per gather). (2) Algorithm 1 on them
+    # (``search_folds_reference``): per stride s, class c' sums the residues c' + m * s
+    # ([BLOCK_M, BLOCK_C] tiles of (m, c')); the score is the larger best / mean ratio of the two
+    # kinds of line, the phase the best column class; the answer is the smallest stride scoring
+    # at least keep * best. Program 0 also zeroes n_zero int32 at zero_ptr (the next kernel's
+    # atomic maxima), which saves a fill launch.
     bh = tl.program_id(0)
     c = tl.arange(0, BLOCK_P)
     okp = c < P
+    if bh == 0:
+        tl.store(zero_ptr + c, tl.zeros([BLOCK_P], dtype=tl.int32), mask=c < n_zero)
     colf = tl.zeros([BLOCK_P], dtype=tl.float32)
-    slf = tl.zeros([BLOCK_P], dtype=tl.float32)
     base_c = col_ptr + bh.to(tl.int64) * n_g * seg_w
     for g in range(n_g):
         for m in range(n_mult):
             x = m * P + c
             colf += tl.load(base_c + g * seg_w + x, mask=okp & (x < seg_w), other=0.0)
+    slf = tl.zeros([BLOCK_P], dtype=tl.float32)
     base_s = sl_ptr + bh.to(tl.int64) * L * seg_w
-    for l in range(L):
-        e = (start_mod + l % P - c + 2 * P) % P
+    for l0 in range(0, L, BLOCK_LR):
+        ls = l0 + tl.arange(0, BLOCK_LR)[:, None]
+        e = (start_mod + ls % P - c[None, :] + 2 * P) % P
         for m in range(n_mult):
             x = m * P + e
-            slf += tl.load(base_s + l * seg_w + x, mask=okp & (x < seg_w), other=0.0)
+            ok = (ls < L) & okp[None, :] & (x < seg_w)
+            slf += tl.sum(tl.load(base_s + ls * seg_w + x, mask=ok, other=0.0), 0)
     scr = scratch_ptr + bh.to(tl.int64) * 2 * BLOCK_P
     tl.store(scr + c, colf)
     tl.store(scr + BLOCK_P + c, slf)
@@ -731,17 +764,32 @@ def _fold_search_kernel(
     phases = tl.zeros([BLOCK_K], dtype=tl.int32)
     for i in range(n_strides):
         s = tl.load(strides_ptr + i)
-        cls = c < s
-        vc = tl.zeros([BLOCK_P], dtype=tl.float32)
-        vs = tl.zeros([BLOCK_P], dtype=tl.float32)
-        for m in range(P // s):
-            vc += tl.load(scr + m * s + c, mask=cls, other=0.0)
-            vs += tl.load(scr + BLOCK_P + m * s + c, mask=cls, other=0.0)
-        best_c = tl.max(tl.where(cls, vc, float("-inf")), 0)
-        arg_c = tl.argmax(tl.where(cls, vc, float("-inf")), 0)
-        best_s = tl.max(tl.where(cls, vs, float("-inf")), 0)
-        r_c = best_c / tl.maximum(tl.sum(vc, 0) / s, 1e-30)
-        r_s = best_s / tl.maximum(tl.sum(vs, 0) / s, 1e-30)
+        n_m = P // s
+        best_c = float("-inf")
+        best_s = float("-inf")
+        arg_c = 0
+        sum_c = 0.0
+        sum_s = 0.0
+        for c0 in range(0, s, BLOCK_C):
+            cc = c0 + tl.arange(0, BLOCK_C)
+            vc = tl.zeros([BLOCK_C], dtype=tl.float32)
+            vs = tl.zeros([BLOCK_C], dtype=tl.float32)
+            for m0 in range(0, n_m, BLOCK_M):
+                ms = m0 + tl.arange(0, BLOCK_M)[:, None]
+                x = ms * s + cc[None, :]
+                mk = (ms < n_m) & (cc[None, :] < s)
+                vc += tl.sum(tl.load(scr + x, mask=mk, other=0.0), 0)
+                vs += tl.sum(tl.load(scr + BLOCK_P + x, mask=mk, other=0.0), 0)
+            live = cc < s
+            bc = tl.max(tl.where(live, vc, float("-inf")), 0)
+            ac = tl.argmax(tl.where(live, vc, float("-inf")), 0) + c0
+            arg_c = tl.where(bc > best_c, ac, arg_c)  # ties keep the first class
+            best_c = tl.maximum(best_c, bc)
+            best_s = tl.maximum(best_s, tl.max(tl.where(live, vs, float("-inf")), 0))
+            sum_c += tl.sum(vc, 0)
+            sum_s += tl.sum(vs, 0)
+        r_c = best_c / tl.maximum(sum_c / s, 1e-30)
+        r_s = best_s / tl.maximum(sum_s / s, 1e-30)
         scores = tl.where(kk == i, tl.maximum(r_c, r_s), scores)
         phases = tl.where(kk == i, arg_c, phases)
     best = tl.max(scores, 0)
@@ -764,13 +812,14 @@ def line_fold_search_triton(
     strides: torch.Tensor,
     rel_tol: float,
     scale: float,
+    zero: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fold kernel, its merge and ``_fold_search_kernel``: ``(stride int64, phase int64,
     score float32)``, each ``[B, H]``. ``strides``: int32 ``[k]`` on the device, ascending, each
-    dividing ``period`` (not checked here)."""
+    dividing ``period`` (not checked here). ``zero``: see :func:`_search_partials`."""
     B, H, L, _ = q_rows.shape
     col, sl, seg = _fold_partials(q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale)
-    st, ph, score = _search_partials(col, sl, seg, period, row_start, strides, rel_tol)
+    st, ph, score = _search_partials(col, sl, seg, period, row_start, strides, rel_tol, zero)
     return st.reshape(B, H), ph.reshape(B, H), score.reshape(B, H)
 
 
@@ -782,24 +831,34 @@ def _search_partials(
     row_start: int,
     strides: torch.Tensor,
     rel_tol: float,
+    zero: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_fold_search_kernel`` on merged partials (see :func:`_fold_partials`): ``(stride,
-    phase, score)``, each ``[B * H]``; the search of :func:`_fold_tail`'s folds."""
+    phase, score)``, each ``[B * H]``; the search of :func:`_fold_tail`'s folds. ``zero``: an
+    int32 tensor of at most ``next_power_of_2(P)`` entries the kernel sets to 0."""
     BH, n_g, seg_w = col.shape
     L = sl.shape[1]
     dev = col.device
     block_p = triton.next_power_of_2(P)
-    scratch = torch.empty(BH, 2, block_p, dtype=torch.float32, device=dev)
+    buf = torch.empty(BH * (2 * block_p + 1), dtype=torch.float32, device=dev)
+    scratch, score = buf[: BH * 2 * block_p], buf[BH * 2 * block_p :]
     out = torch.empty(2, BH, dtype=torch.int64, device=dev)
-    score = torch.empty(BH, dtype=torch.float32, device=dev)
-    keep = float(torch.tensor(1.0 - rel_tol, dtype=torch.float32))
+    n_zero = 0 if zero is None else zero.numel()
+    if n_zero > block_p:
+        raise ValueError(f"zero: expected at most {block_p} entries, got {n_zero}")
     _fold_search_kernel[(BH,)](
-        col, sl, scratch, strides, out[0], out[1], score, n_g, seg_w, seg // P, L,
-        row_start % P, P, strides.shape[0], keep,
-        BLOCK_P=block_p, BLOCK_K=triton.next_power_of_2(strides.shape[0]),
-        num_warps=4 if block_p <= 1024 else 8,
+        col, sl, scratch, strides, out[0], out[1], score, score if zero is None else zero, n_zero,
+        n_g, seg_w, seg // P, L, row_start % P, P, strides.shape[0], _keep(rel_tol),
+        BLOCK_P=block_p, BLOCK_LR=max(1, 4096 // block_p), BLOCK_M=32, BLOCK_C=64,
+        BLOCK_K=triton.next_power_of_2(strides.shape[0]), num_warps=4 if block_p <= 1024 else 8,
     )  # fmt: skip
     return out[0], out[1], score
+
+
+@functools.lru_cache(maxsize=16)
+def _keep(rel_tol: float) -> float:
+    """``1 - rel_tol`` rounded to float32, as torch computes ``best * (1.0 - rel_tol)``."""
+    return float(torch.tensor(1.0 - rel_tol, dtype=torch.float32))
 
 
 @functools.lru_cache(maxsize=32)

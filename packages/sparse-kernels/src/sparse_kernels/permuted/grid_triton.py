@@ -136,6 +136,13 @@ def _grid_blocks_kernel(
         tl.atomic_max(width_ptr, v_hi + 1)
 
 
+def grid_blocks_buffer(N: int, S: int, block: int, device) -> torch.Tensor:
+    """Uninitialised int32 storage for :func:`grid_blocks_triton`'s outputs; its last two
+    entries (the widths) must be zeroed before the launch."""
+    nb = triton.cdiv(S, block)
+    return torch.empty(N * S + 5 * N * nb + N + 2, dtype=torch.int32, device=device)
+
+
 def grid_blocks_triton(
     S: int,
     stride: torch.Tensor,
@@ -144,6 +151,8 @@ def grid_blocks_triton(
     use_slash: torch.Tensor,
     block: int,
     max_stride: int,
+    *,
+    buf: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Grid permutation and the per-block index of its block lists in one launch.
 
@@ -154,18 +163,19 @@ def grid_blocks_triton(
     key block of its slash candidates (the lines it touches; last = first - 1 without slash
     lines) and its run start (-1: not one line); ``v_hi`` the last key block of vertical
     line 0 (-1 without vertical lines); ``widths`` the widest vertical range (``max(v_hi) + 1``)
-    and slash range (at least 0)."""
+    and slash range (at least 0). ``buf``: a :func:`grid_blocks_buffer` whose widths a kernel
+    earlier on the stream zeroed (else one is made and zeroed here)."""
     N = stride.shape[0]
-    dev = stride.device
     nb = triton.cdiv(S, block)
-    perm = torch.empty(N, S, dtype=torch.int32, device=dev)
-    blocks = torch.empty(5, N, nb, dtype=torch.int32, device=dev)
-    small = torch.zeros(N + 2, dtype=torch.int32, device=dev)
+    if buf is None:
+        buf = grid_blocks_buffer(N, S, block, stride.device)
+        buf[-2:].zero_()
+    perm, blocks, v_hi, widths = buf.split((N * S, 5 * N * nb, N, 2))
     block_b = triton.next_power_of_2(block)
     bm = max(1, 2048 // block_b)
     steps = max(1, int(max_stride).bit_length())
     _grid_blocks_kernel[(triton.cdiv(nb, bm), N)](
-        stride, phase, use_vline, use_slash, perm, blocks, small, small[N:], S, N * nb, nb, block,
+        stride, phase, use_vline, use_slash, perm, blocks, v_hi, widths, S, N * nb, nb, block,
         BM=bm, BLOCK_B=block_b, STEPS=steps,
     )  # fmt: skip
-    return perm, blocks, small[:N], small[N:]
+    return perm.view(N, S), blocks.view(5, N, nb), v_hi, widths

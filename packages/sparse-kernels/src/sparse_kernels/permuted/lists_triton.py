@@ -19,17 +19,25 @@ def _grid_lists_kernel(
     qmax_ptr,
     idx_ptr,
     cnt_ptr,
+    runs_ptr,
+    rest_ptr,
+    rest_cnt_ptr,
+    starts_ptr,
+    run_cnt_ptr,
     nqb,
     nkb,
     WV,
     WS,
     BLOCK_R: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     # Candidates of query block m, in order: key blocks 0 .. WV - 1 (vertical line 0, kept up to
     # v_hi), s_lo[m] .. s_lo[m] + WS - 1 (the block's own lines, kept up to s_hi[m] and above
     # v_hi), then m itself (kept unless already listed); each kept only if its smallest original
-    # key is <= the query block's largest original row. Kept ones are written at their ranks.
+    # key is <= the query block's largest original row. Kept ones are written at their ranks,
+    # zeros past them. SPLIT: the kept blocks are also split as ``_split_runs_kernel`` does
+    # (runs: the run map of the key blocks).
     n = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     live = rows < nqb
@@ -45,35 +53,66 @@ def _grid_lists_kernel(
     cand = tl.where(is_v, c, tl.where(is_s, slo + (c - WV), m))
     ok_d = ~((cand <= vh) | ((cand >= slo) & (cand <= shi)))
     ok = tl.where(is_v, c <= vh, tl.where(is_s, (cand <= shi) & (cand > vh), ok_d))
-    ok = ok & (c <= WV + WS) & live[:, None]
+    W = WV + WS + 1
+    slot = (c < W) & live[:, None]
+    ok = ok & slot
     cand = tl.minimum(cand, nkb - 1)
-    km = tl.load(kmin_ptr + n.to(tl.int64) * nkb + cand, mask=ok, other=0)
+    row_k = n.to(tl.int64) * nkb
+    km = tl.load(kmin_ptr + row_k + cand, mask=ok, other=0)
     ok = ok & (km <= qm)
     keep = ok.to(tl.int32)
     pos = tl.cumsum(keep, 1) - 1
-    W = WV + WS + 1
-    tl.store(idx_ptr + at[:, None] * W + pos, cand.to(tl.int32), mask=ok)
-    tl.store(cnt_ptr + at, tl.sum(keep, 1), mask=live)
+    count = tl.sum(keep, 1)
+    out = at[:, None] * W
+    tl.store(idx_ptr + out + pos, cand.to(tl.int32), mask=ok)
+    tl.store(idx_ptr + out + c, tl.zeros_like(c), mask=slot & (c >= count[:, None]))
+    tl.store(cnt_ptr + at, count, mask=live)
+    if SPLIT:
+        start = tl.load(runs_ptr + row_k + cand, mask=ok, other=-1)
+        is_run = ok & (start >= 0)
+        rest = ok & (start < 0)
+        p_run = tl.cumsum(is_run.to(tl.int32), 1) - 1
+        p_rest = tl.cumsum(rest.to(tl.int32), 1) - 1
+        n_run = tl.sum(is_run.to(tl.int32), 1)
+        n_rest = count - n_run
+        tl.store(starts_ptr + out + p_run, start, mask=is_run)
+        tl.store(rest_ptr + out + p_rest, cand.to(tl.int32), mask=rest)
+        tl.store(starts_ptr + out + c, tl.zeros_like(c), mask=slot & (c >= n_run[:, None]))
+        tl.store(rest_ptr + out + c, tl.zeros_like(c), mask=slot & (c >= n_rest[:, None]))
+        tl.store(run_cnt_ptr + at, n_run, mask=live)
+        tl.store(rest_cnt_ptr + at, n_rest, mask=live)
 
 
 # Widest candidate row the kernel takes in one tile; wider rows go through the torch path.
 GRID_LISTS_MAX_WIDTH = 8192
 
 
-def launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, wv: int, ws: int, nkb: int):
+def launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, wv: int, ws: int, nkb: int, runs=None):
     """``(idx [N, NQB, wv + ws + 1], cnt [N, NQB])`` int32 (see ``_grid_lists_kernel``); inputs
-    int64: ``v_hi [N]``, ``s_lo``/``s_hi``/``qmax [N, NQB]``, ``kmin [N, NKB]``."""
+    int32 or int64: ``v_hi [N]``, ``s_lo``/``s_hi``/``qmax [N, NQB]``, ``kmin [N, NKB]``. With
+    ``runs`` (the run map ``[N, NKB]``), also the run split of those lists
+    (:func:`~sparse_kernels.permuted.split_run_blocks` with ``width = wv + ws + 1``):
+    ``(idx, cnt, (rest_idx, rest_cnt, run_starts, run_cnt))``."""
     N, nqb = s_lo.shape
     W = wv + ws + 1
     block_w = triton.next_power_of_2(W)
     block_r = max(1, 4096 // block_w)
-    idx = torch.zeros(N, nqb, W, dtype=torch.int32, device=s_lo.device)
-    cnt = torch.empty(N, nqb, dtype=torch.int32, device=s_lo.device)
+    n_lists = 3 if runs is not None else 1
+    # One allocation for every output list and count.
+    buf = torch.empty(n_lists * N * nqb * (W + 1), dtype=torch.int32, device=s_lo.device)
+    lists, counts = buf[: n_lists * N * nqb * W], buf[n_lists * N * nqb * W :]
+    lists = [x.view(N, nqb, W) for x in lists.split(N * nqb * W)]
+    counts = [x.view(N, nqb) for x in counts.split(N * nqb)]
+    split = runs is not None
+    args = (lists[1], counts[1], lists[2], counts[2]) if split else (lists[0], counts[0]) * 2
     _grid_lists_kernel[(triton.cdiv(nqb, block_r), N)](
         v_hi.contiguous(), s_lo.contiguous(), s_hi.contiguous(), kmin.contiguous(),
-        qmax.contiguous(), idx, cnt, nqb, nkb, wv, ws, BLOCK_R=block_r, BLOCK_W=block_w,
+        qmax.contiguous(), lists[0], counts[0], runs if split else counts[0], *args, nqb, nkb,
+        wv, ws, BLOCK_R=block_r, BLOCK_W=block_w, SPLIT=split,
     )  # fmt: skip
-    return idx, cnt
+    if not split:
+        return lists[0], counts[0]
+    return lists[0], counts[0], (lists[1], counts[1], lists[2], counts[2])
 
 
 @triton.jit

@@ -127,15 +127,22 @@ def main() -> None:
             warmup=3,
             rep=a.rep,
         )
-        row["line_folds_eager_rescale_ms"] = cuda_time_ms(
-            lambda: line_folds_triton(qr, k, S - L, period=P, lo=lo, hi=hi, scale=sc, lazy=False),
-            warmup=3,
-            rep=a.rep,
-        )
+        from sparse_kernels.estimate import triton as est_mod
+
+        est_mod._FOLD_INTERIOR = False
+        try:
+            row["line_folds_no_interior_kernel_ms"] = cuda_time_ms(
+                lambda: line_folds(qr, k, S - L, period=P, lo=lo, hi=hi, scale=sc),
+                warmup=3,
+                rep=a.rep,
+            )
+        finally:
+            est_mod._FOLD_INTERIOR = True
         for n in a.programs:
             from sparse_kernels.estimate import triton as est
 
             old, est._FOLD_PROGRAMS = est._FOLD_PROGRAMS, n
+            short, est._FOLD_SHORT_KEYS = est._FOLD_SHORT_KEYS, 0
             try:
                 row[f"line_folds_programs{n}_ms"] = cuda_time_ms(
                     lambda: line_folds(qr, k, S - L, period=P, lo=lo, hi=hi, scale=sc),
@@ -143,7 +150,7 @@ def main() -> None:
                     rep=a.rep,
                 )
             finally:
-                est._FOLD_PROGRAMS = old
+                est._FOLD_PROGRAMS, est._FOLD_SHORT_KEYS = old, short
         if a.variants:
             for bn in (64, 128):
                 for w in (4, 8):

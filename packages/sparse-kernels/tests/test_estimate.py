@@ -137,6 +137,7 @@ FOLD_CASES = [
     pytest.param(1, 2, 2, 16, 64, 16, 48, 1000, 0, 64, 16, id="period-far-past-S-capped-subtiles"),
     pytest.param(2, 2, 1, 20, 300, 32, 280, 12, 12, 288, 32, id="B2-L20-two-row-groups"),
     pytest.param(1, 2, 1, 128, 400, 32, 272, 24, 24, 384, None, id="L128-default-tile"),
+    pytest.param(1, 4, 2, 16, 700, 32, 684, 32, 32, 672, 16, id="P32-many-interior-segments"),
 ]
 
 
@@ -166,14 +167,6 @@ def test_line_folds_matches_reference(
     _check_folds(B, H, H_KV, L, S, D, row_start, period, lo, hi, block_n, dtype)
 
 
-def test_line_folds_eager_rescaling_matches_reference():
-    """``lazy=False`` (every interior tile rescales the accumulators) on the cases with interior
-    tiles: the same error budgets as the lazy default."""
-    for case in ("last64-S300-P16-periods-per-tile", "P48-one-period-per-tile"):
-        (args,) = [c.values for c in FOLD_CASES if c.id == case]
-        _check_folds(*args, torch.float16, lazy=False)
-
-
 @pytest.mark.parametrize("programs", [1, 3, 7])
 def test_line_folds_with_several_segments_per_program(monkeypatch, programs):
     """Few programs: each walks many segments, and partials of the same sub-tile are merged
@@ -182,6 +175,35 @@ def test_line_folds_with_several_segments_per_program(monkeypatch, programs):
 
     monkeypatch.setattr(est, "_FOLD_PROGRAMS", programs)
     _check_folds(2, 2, 1, 16, 700, 32, 684, 24, 24, 696, 16, torch.float32)
+    _check_folds(2, 2, 1, 16, 700, 32, 684, 32, 32, 672, 16, torch.float32)  # interior chunks
+
+
+def test_line_folds_interior_kernel_takes_exactly_the_inside_segments(monkeypatch):
+    """``_interior`` against the kernel's per-tile ``inside`` test, evaluated here for every
+    segment and sub-tile: [g_a, g_b) holds the segments all of whose tiles are inside (the
+    widest such run), and the folds agree with the interior kernel off."""
+    from sparse_kernels.estimate import triton as est
+
+    for L, S, row_start, P, lo, hi, bn in [
+        (16, 700, 684, 32, 32, 672, 16), (64, 300, 236, 16, 16, 288, 64),
+        (16, 200, 184, 16, 50, 50, 16), (16, 700, 300, 32, 100, 500, 16),
+    ]:  # fmt: skip
+        seg, n_sub, n_seg, _, _ = est._fold_plan(P, min(S, row_start + L), 2, bn)
+        g_a, g_b = est._interior(seg, n_sub, bn, L, 16 if L <= 16 else 64, row_start, lo, hi)
+        last_row = row_start + L - 1
+        full = []
+        for g in range(n_seg):
+            j0 = [g * seg + t * bn for t in range(n_sub)]
+            if all(
+                j >= lo and j + bn <= hi and j + bn - 1 <= row_start - lo
+                and j > last_row - hi and seg - t * bn >= bn
+                for t, j in enumerate(j0)
+            ):  # fmt: skip
+                full.append(g)
+        assert list(range(g_a, g_b)) == full, (L, S, P, g_a, g_b, full)
+    _check_folds(1, 4, 2, 16, 700, 32, 684, 32, 32, 672, 16, torch.float16)
+    monkeypatch.setattr(est, "_FOLD_INTERIOR", False)
+    _check_folds(1, 4, 2, 16, 700, 32, 684, 32, 32, 672, 16, torch.float16)
 
 
 def test_line_folds_reference_is_the_fold_of_line_scores():

@@ -397,25 +397,26 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     the fold kernel, its merge, the stride and phase search
     (``sparse_kernels.estimate.line_fold_search``), the permutation with each block's index
     (``grid_blocks_triton``), then, after the read of the candidate widths, the lists with
-    their run split (what ``BlockPlan.run`` launches with). The same stride, phase,
-    permutation, lists, runs and split as the unfused path (tests compare). Each launch and
-    allocation costs host time that a 128K-token layer notices, hence the shared buffers."""
-    from sparse_kernels.estimate.triton import line_fold_search_triton
+    their run split (what ``BlockPlan.run`` launches with). The lists are left to
+    ``meta["lists"]``, which ``plan_layer`` calls once the rest of the plan is built: the host
+    read then waits only for the GPU. The same stride, phase, permutation, lists, runs and
+    split as the unfused path (tests compare). Each launch and allocation costs host time that
+    a 128K-token layer notices, hence the shared buffers."""
+    from sparse_kernels.estimate.triton import _fold_partials, _search_partials
     from sparse_kernels.permuted.grid_triton import grid_blocks_buffer, grid_blocks_triton
-    from sparse_kernels.permuted.lists_triton import GRID_LISTS_MAX_WIDTH, launch_grid_lists
-    from sparse_kernels.permuted.perms import host_ints
 
     S, blk, dev = ctx.S, ctx.block, ctx.q.device
-    N = ctx.B * ctx.H
     n = min(L, S)
     P = math.lcm(*sp)
     lo, hi = E.grid_window(P, S)
-    buf = grid_blocks_buffer(N, S, blk, dev)
-    st, ph, _ = line_fold_search_triton(
-        ctx.q[:, :, S - n :], ctx.k, S - n, period=P, lo=lo, hi=hi,
-        strides=_stride_vector(sp, dev), rel_tol=0.15, scale=ctx.scale, zero=buf[-2:],
-    )  # fmt: skip
-    st, ph = st.reshape(-1), ph.reshape(-1)
+    # The fold pass first: the host work below runs while the GPU computes it.
+    col, sl, seg = _fold_partials(
+        ctx.q[:, :, S - n :], ctx.k, S - n, period=P, lo=lo, hi=hi, scale=ctx.scale
+    )
+    buf = grid_blocks_buffer(ctx.B * ctx.H, S, blk, dev)
+    st, ph, _ = _search_partials(
+        col, sl, seg, P, S - n, _stride_vector(sp, dev), 0.15, zero=buf[-2:]
+    )
     flags = _head_flags(
         tuple(tuple(getattr(c.pattern, f) for c in cfgs) for f in ("use_vline", "use_slash")),
         ctx.B, dev,
@@ -423,17 +424,20 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     perm, blocks, v_hi, widths = grid_blocks_triton(
         S, st, ph, flags[0], flags[1], blk, max(sp), buf=buf
     )
-    kmin, qmax, s_lo, s_hi, runs = blocks
-    wv, ws = host_ints(widths)
-    nb = -(-S // blk)
-    meta = {"stride": st, "phase": ph, "kv_runs": runs}
-    if wv + ws + 1 <= GRID_LISTS_MAX_WIDTH:
-        idx, cnt, meta["run_split"] = launch_grid_lists(
-            v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb, runs=runs
-        )
-    else:
-        idx, cnt = grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb)
-    return idx, cnt, perm, perm, meta
+
+    def lists():
+        from sparse_kernels.permuted.lists_triton import GRID_LISTS_MAX_WIDTH, launch_grid_lists
+        from sparse_kernels.permuted.perms import host_ints
+
+        kmin, qmax, s_lo, s_hi, runs = blocks
+        wv, ws = host_ints(widths)
+        nb = -(-S // blk)
+        if wv + ws + 1 <= GRID_LISTS_MAX_WIDTH:
+            return launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb, runs=runs)
+        return (*grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb), None)
+
+    meta = {"stride": st, "phase": ph, "kv_runs": blocks[4], "lists": lists}
+    return None, None, perm, perm, meta
 
 
 @functools.lru_cache(maxsize=64)
@@ -924,18 +928,15 @@ def plan_layer(
             raise NotImplementedError(f"pattern {ptype.__name__}")
         results.append((hs, res))
     dev = q.device
-    maxb = max(r[0].shape[-1] for _, r in results)
     parts: dict[str, list] = {k: [] for k in ("idx", "cnt", "q", "kv", "runs", "step", "st", "ph")}
     step_one = True  # known on the host: no head has a grid step
     exact_vertical, exact_a_shape = [], []
-    for hs, (i, c, qp, kp, meta) in results:
+    for hs, (_, _, qp, kp, meta) in results:
         for local, vv, ss in meta.get("exact_vertical", ()):
             exact_vertical.append(ExactVerticalHeads(tuple(hs[j] for j in local), vv, ss))
         for local, sink, window in meta.get("exact_a_shape", ()):
             exact_a_shape.append(ExactAShapeHeads(tuple(hs[j] for j in local), sink, window))
         Hg = len(hs)
-        parts["idx"].append((hs, i.reshape(B, Hg, nb, -1)))
-        parts["cnt"].append((hs, c.reshape(B, Hg, nb)))
         if qp is not None:
             parts["q"].append((hs, qp.reshape(B, Hg, S)))
         if kp is not None:
@@ -973,17 +974,27 @@ def plan_layer(
         runs = merged("runs", (nb,), torch.int32, lambda: torch.arange(nb, **i32) * block)
         one = lambda: torch.ones((), **i64)  # noqa: E731
         kv_runs = (runs, 1 if step_one else merged("step", (), torch.int64, one))
+    q_perm = merged("q", (S,), torch.int32, ident) if parts["q"] else None
+    kv_perm = merged("kv", (S,), torch.int32, ident) if parts["kv"] else None
+    meta = {"stride": merged("st", (), torch.int64, minus_one),
+            "phase": merged("ph", (), torch.int64, minus_one)}  # fmt: skip
+    # The lists last: a planner may leave them to a closure (``lists``) whose host read of their
+    # width then waits for the GPU only after everything above was queued.
     run_split = None
-    if len(results) == 1 and "run_split" in results[0][1][4]:  # one group: every head, in order
-        run_split = tuple(t.reshape(B, H, *t.shape[1:]) for t in results[0][1][4]["run_split"])
+    for hs, (i, c, _, _, m) in results:
+        if i is None:
+            i, c, run_split = m["lists"]()
+        parts["idx"].append((hs, i.reshape(B, len(hs), nb, -1)))
+        parts["cnt"].append((hs, c.reshape(B, len(hs), nb)))
+    if len(results) > 1:
+        run_split = None  # split for one group of heads: the merged lists are split by run()
+    elif run_split is not None:  # one group: every head, in order
+        run_split = tuple(t.reshape(B, H, *t.shape[1:]) for t in run_split)
+    maxb = max(t.shape[-1] for _, t in parts["idx"])
     return BlockPlan(
         merged("idx", (nb, maxb), torch.int32, lambda: torch.zeros(nb, maxb, **i32)),
         merged("cnt", (nb,), torch.int32, lambda: torch.zeros(nb, **i32)),
-        merged("q", (S,), torch.int32, ident) if parts["q"] else None,
-        merged("kv", (S,), torch.int32, ident) if parts["kv"] else None,
-        block, S,
-        {"stride": merged("st", (), torch.int64, minus_one),
-         "phase": merged("ph", (), torch.int64, minus_one)},
+        q_perm, kv_perm, block, S, meta,
         tuple(exact_vertical), exact_lists=exact_vertical_lists or not (exact_vertical or exact_a_shape),
         kv_runs=kv_runs, exact_a_shape=tuple(exact_a_shape), run_split=run_split,
     )  # fmt: skip

@@ -44,7 +44,14 @@ from .._triton.config import (
 _FOLD_BLOCK_N = 128
 # Programs per launch the key range is split into (the partial accumulators they write are
 # BLOCK_L x BLOCK_N floats each, two per program, so this also bounds that scratch memory).
+# Up to _FOLD_SHORT_KEYS keys, half as many: fewer partials for the merge to read, and on an
+# H100 at 128K keys 512 programs took 0.40-0.43 ms against 0.42-0.45 ms for 1024 (two runs);
+# at 512K, 1024 were faster (1.107 against 1.141 ms).
 _FOLD_PROGRAMS = 1024
+_FOLD_SHORT_KEYS = 262144
+# Segments whose tiles are all inside the window go to ``_line_folds_interior_kernel`` (one
+# accumulator); False: every segment through the general kernel (tests and timings compare).
+_FOLD_INTERIOR = True
 
 
 def _prune_lines(configs_, named_args, **kwargs):
@@ -431,14 +438,18 @@ def _line_folds_fwd_kernel(
     n_chunks,
     lo,
     hi,
+    g_a,
+    g_b,
     qk_scale,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
-    LAZY: tl.constexpr,
+    EDGES: tl.constexpr,
 ):
+    # EDGES: chunk 0 walks the segments [0, g_a), chunk 1 [g_b, n_seg) (the interior ones are
+    # ``_line_folds_interior_kernel``'s); else chunk c walks seg_per_chunk segments from c.
     pos, b, h, bh = _group_major(H, GROUP)
     t = pos % n_sub
     c = pos // n_sub
@@ -460,8 +471,12 @@ def _line_folds_fwd_kernel(
     l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
     a_col = tl.zeros([BLOCK_L, BLOCK_N], dtype=tl.float32)
     a_sl = tl.zeros([BLOCK_L, BLOCK_N], dtype=tl.float32)
-    g_lo = c * seg_per_chunk
-    g_hi = tl.minimum(g_lo + seg_per_chunk, n_seg)
+    if EDGES:
+        g_lo = tl.where(c == 0, 0, g_b)
+        g_hi = tl.where(c == 0, g_a, n_seg)
+    else:
+        g_lo = c * seg_per_chunk
+        g_hi = tl.minimum(g_lo + seg_per_chunk, n_seg)
     for g in range(g_lo, g_hi):
         j0 = g * seg + t * BLOCK_N
         j = j0 + offs_n
@@ -477,30 +492,13 @@ def _line_folds_fwd_kernel(
         )
         if inside:
             s = _key_scores(q, kb, j, offs_n >= 0, offs_d, stride_k_s, qk_scale, D, IEEE)
-            m_tile = tl.max(s, 1)
-            if LAZY:
-                # Rescale only when some row's max grows by more than 2**8: with a stale max the
-                # terms stay below 2**8, far from overflow, and most tiles skip two
-                # [BLOCK_L, BLOCK_N] multiplies. Every row has a key here, so m_tile is finite.
-                if tl.max(m_tile - m_i, 0) > 8.0:
-                    m_new = tl.maximum(m_i, m_tile)
-                    alpha = tl.exp2(m_i - m_new)
-                    l_i = l_i * alpha
-                    a_col = a_col * alpha[:, None]
-                    a_sl = a_sl * alpha[:, None]
-                    m_i = m_new
-                p = tl.exp2(s - m_i[:, None])
-                l_i = l_i + tl.sum(p, 1)
-                a_col = a_col + p
-                a_sl = a_sl + p
-            else:
-                m_new = tl.maximum(m_i, m_tile)
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                a_col = a_col * alpha[:, None] + p
-                a_sl = a_sl * alpha[:, None] + p
-                m_i = m_new
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            a_col = a_col * alpha[:, None] + p
+            a_sl = a_sl * alpha[:, None] + p
+            m_i = m_new
         else:
             ok_j = (j < n_keys) & (offs_n < width)
             s = _key_scores(q, kb, j, ok_j, offs_d, stride_k_s, qk_scale, D, IEEE)
@@ -525,21 +523,105 @@ def _line_folds_fwd_kernel(
 
 
 @triton.jit
+def _line_folds_interior_kernel(
+    q_ptr,
+    k_ptr,
+    m_ptr,
+    l_ptr,
+    a_ptr,
+    stride_q_b,
+    stride_q_h,
+    stride_q_s,
+    stride_k_b,
+    stride_k_h,
+    stride_k_s,
+    H,
+    GROUP,
+    L,
+    row_start,
+    seg,
+    n_sub,
+    seg_per_chunk,
+    n_chunks,
+    g_a,
+    g_b,
+    qk_scale,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    # The segments [g_a, g_b), whose every tile is inside the window for every row (see the
+    # ``inside`` test of ``_line_folds_fwd_kernel``): a key's column and diagonal terms are then
+    # the same probability, so one accumulator serves both sums (half the registers and half
+    # the partials of the general kernel), with no masks.
+    pos, b, h, bh = _group_major(H, GROUP)
+    t = pos % n_sub
+    c = pos // n_sub
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    q, kb = _rows_and_keys(
+        q_ptr, k_ptr, b, h, GROUP, L, stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h,
+        offs_l, offs_d, D,
+    )  # fmt: skip
+    m_i = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_L, BLOCK_N], dtype=tl.float32)
+    g_lo = g_a + c * seg_per_chunk
+    g_hi = tl.minimum(g_lo + seg_per_chunk, g_b)
+    for g in range(g_lo, g_hi):
+        j = g * seg + t * BLOCK_N + offs_n
+        s = _key_scores(q, kb, j, offs_n >= 0, offs_d, stride_k_s, qk_scale, D, IEEE)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + p
+        m_i = m_new
+    part = (bh * n_sub + t) * n_chunks + c
+    tl.store(m_ptr + part * BLOCK_L + offs_l, m_i)
+    tl.store(l_ptr + part * BLOCK_L + offs_l, l_i)
+    at = part.to(tl.int64) * (BLOCK_L * BLOCK_N) + offs_l[:, None] * BLOCK_N + offs_n[None, :]
+    tl.store(a_ptr + at, acc)
+
+
+@triton.jit
+def _merge_lse(m_ptr, l_ptr, n, offs_r, mx, tot, BLOCK_L: tl.constexpr):
+    """Row max and sum (base 2) ``(mx, tot)`` merged with ``n`` consecutive partials."""
+    for i in range(n):
+        m = tl.load(m_ptr + i * BLOCK_L + offs_r)
+        lsum = tl.load(l_ptr + i * BLOCK_L + offs_r)
+        m_new = tl.maximum(mx, m)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        tot = tot * tl.exp2(mx - m_safe) + lsum * tl.exp2(m - m_safe)
+        mx = m_new
+    return mx, tot
+
+
+@triton.jit
 def _line_folds_merge_kernel(
     m_ptr,
     l_ptr,
     acol_ptr,
     asl_ptr,
+    mi_ptr,
+    li_ptr,
+    ai_ptr,
     col_ptr,
     sl_ptr,
     L,
     n_sub,
     n_chunks,
+    n_int,
     seg_w,
     BLOCK_L: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    # n_int interior partials per sub-tile (``_line_folds_interior_kernel``: one accumulator
+    # for both sums) besides the n_chunks general ones.
     # Program (bh, t, row group g): for rows g * BLOCK_R .., the log-sum-exp over every partial
     # of head bh, then sub-tile t's partial sums weighted by exp2(m_part - M) / sum and added:
     # the group's vertical sums (col[bh, g, t * BLOCK_N + n], summed over groups by the caller)
@@ -553,13 +635,11 @@ def _line_folds_merge_kernel(
     base = bh * n_part
     mx = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     tot = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for i in range(n_part):
-        m = tl.load(m_ptr + (base + i) * BLOCK_L + offs_r)
-        lsum = tl.load(l_ptr + (base + i) * BLOCK_L + offs_r)
-        m_new = tl.maximum(mx, m)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        tot = tot * tl.exp2(mx - m_safe) + lsum * tl.exp2(m - m_safe)
-        mx = m_new
+    base_i = bh * n_sub * n_int
+    mx, tot = _merge_lse(m_ptr + base * BLOCK_L, l_ptr + base * BLOCK_L, n_part, offs_r, mx, tot,
+                         BLOCK_L)  # fmt: skip
+    mx, tot = _merge_lse(mi_ptr + base_i * BLOCK_L, li_ptr + base_i * BLOCK_L, n_sub * n_int,
+                         offs_r, mx, tot, BLOCK_L)  # fmt: skip
     mx = tl.where(mx == float("-inf"), 0.0, mx)
     inv = 1.0 / tl.where(tot > 0, tot, 1.0)  # rows past L have no keys (and no sums)
     acc_col = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
@@ -570,6 +650,13 @@ def _line_folds_merge_kernel(
         at = part.to(tl.int64) * (BLOCK_L * BLOCK_N) + offs_r[:, None] * BLOCK_N + offs_n[None, :]
         acc_col += tl.load(acol_ptr + at) * w[:, None]
         acc_sl += tl.load(asl_ptr + at) * w[:, None]
+    for c in range(n_int):
+        part = base_i + t * n_int + c
+        w = tl.exp2(tl.load(mi_ptr + part * BLOCK_L + offs_r) - mx) * inv
+        at = part.to(tl.int64) * (BLOCK_L * BLOCK_N) + offs_r[:, None] * BLOCK_N + offs_n[None, :]
+        a = tl.load(ai_ptr + at) * w[:, None]
+        acc_col += a
+        acc_sl += a
     row_ok = offs_r[:, None] < L
     n_g = BLOCK_L // BLOCK_R
     tl.store(
@@ -589,8 +676,30 @@ def _fold_plan(
     # Sub-tiles past the last key hold nothing: a period longer than the keys costs no more
     # programs or scratch than the keys themselves.
     n_sub = triton.cdiv(min(seg, n_keys), block_n)
-    seg_per_chunk = max(1, triton.cdiv(n_seg * n_sub * heads, _FOLD_PROGRAMS))
-    return seg, n_sub, n_seg, seg_per_chunk, triton.cdiv(n_seg, seg_per_chunk)
+    per, n_chunks = _chunks(n_seg, n_sub * heads, n_keys)
+    return seg, n_sub, n_seg, per, n_chunks
+
+
+def _chunks(n_seg: int, lanes: int, n_keys: int) -> tuple[int, int]:
+    """``(segments per chunk, chunks)``: ``n_seg`` segments for each of ``lanes`` (sub-tile,
+    head) pairs cut so that the launch has about ``_FOLD_PROGRAMS`` programs."""
+    programs = _FOLD_PROGRAMS if n_keys > _FOLD_SHORT_KEYS else min(_FOLD_PROGRAMS, 512)
+    per = max(1, triton.cdiv(n_seg * lanes, programs))
+    return per, triton.cdiv(n_seg, per)
+
+
+def _interior(
+    seg: int, n_sub: int, block_n: int, L: int, block_l: int, row_start: int, lo: int, hi: int
+) -> tuple[int, int]:
+    """``(g_a, g_b)``: the segments ``[g_a, g_b)`` whose every tile passes the fold kernel's
+    ``inside`` test for every row and sub-tile (keys in ``[lo, hi)``, at least ``lo`` before
+    the first row, after every row's ``r - hi``; full sub-tiles and rows), or ``(0, 0)``."""
+    if n_sub * block_n != seg or block_l != L or not _FOLD_INTERIOR:
+        return 0, 0
+    last_row = row_start + L - 1
+    g_a = max(triton.cdiv(lo, seg), triton.cdiv(max(0, last_row - hi + 1), seg))
+    g_b = min(hi // seg, max(0, row_start - lo + 1) // seg)
+    return (g_a, g_b) if g_b > g_a else (0, 0)
 
 
 def line_folds_triton(
@@ -605,18 +714,16 @@ def line_folds_triton(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    lazy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One pass over the keys, the partials merged by ``_line_folds_merge_kernel``, then the
     residue fold and the slash gather in torch (``block_n``, ``num_warps``, ``num_stages``: the
     kernel's tile and launch settings, for tests and tuning; by default 128-wide tiles and 4
     warps, and for more than 64 rows 64-wide tiles and 8 warps, which keeps the two
-    ``[rows, block_n]`` float32 accumulators in registers; ``lazy``: rescale the accumulators
-    of interior tiles only when a row max grows by more than 2**8, False: on every tile)."""
+    ``[rows, block_n]`` float32 accumulators in registers)."""
     B, H, L, _ = q_rows.shape
     col, sl, seg = _fold_partials(
         q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale, block_n=block_n,
-        num_warps=num_warps, num_stages=num_stages, lazy=lazy,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     col, sl = _fold_tail(col, sl, seg, period, row_start)
     return col.reshape(B, H, period), sl.reshape(B, H, period)
@@ -652,7 +759,6 @@ def _fold_partials(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    lazy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The fold kernel and its merge: ``(col [B * H, row groups, seg_w], sl [B * H, L, seg_w],
     seg)``, float32. ``col`` summed over its row groups and ``sl`` over its rows (after each
@@ -673,30 +779,44 @@ def _fold_partials(
         num_warps = 8 if BLOCK_L > 64 else 4
     n_keys = min(S, row_start + L)
     seg, n_sub, n_seg, per, n_chunks = _fold_plan(period, n_keys, B * H, block_n)
-    BH, n_part = B * H, n_sub * n_chunks
+    BH = B * H
+    g_a, g_b = _interior(seg, n_sub, block_n, L, BLOCK_L, row_start, lo, hi)
+    edges = g_b > g_a
+    per_i, n_int = _chunks(g_b - g_a, n_sub * BH, n_keys) if edges else (1, 0)
+    if edges:  # the general kernel walks the segments outside [g_a, g_b): two runs
+        per, n_chunks = 1, 2
+    n_part, n_ipart = n_sub * n_chunks, n_sub * n_int
     seg_w = n_sub * block_n
     block_r = min(16, BLOCK_L)
     n_g = BLOCK_L // block_r
     # One allocation for the partials and the merged sums (each allocation costs host time).
-    sizes = (BH * n_part * BLOCK_L,) * 2 + (BH * n_part * BLOCK_L * block_n,) * 2
+    tile = BLOCK_L * block_n
+    sizes = (BH * n_part * BLOCK_L,) * 2 + (BH * n_part * tile,) * 2
+    sizes += (BH * n_ipart * BLOCK_L,) * 2 + (BH * n_ipart * tile,)
     sizes += (BH * n_g * seg_w, BH * L * seg_w)
-    m, lsum, acol, asl, col, sl = torch.empty(sum(sizes), dtype=torch.float32, device=dev).split(
-        sizes
-    )
+    buf = torch.empty(sum(sizes), dtype=torch.float32, device=dev)
+    m, lsum, acol, asl, m_i, l_i, a_i, col, sl = buf.split(sizes)
     G = H // H_KV
     if num_stages is None:
         num_stages = 1 if on_interpreter() else 2
-    _line_folds_fwd_kernel[(n_chunks * n_sub * G, B * H_KV)](
-        q_rows, k, m, lsum, acol, asl,
-        q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        H, G, L, S, row_start, seg, n_sub, n_seg, per, n_chunks, lo, hi, scale * LOG2E,
+    strides = (q_rows.stride(0), q_rows.stride(1), q_rows.stride(2))
+    strides += (k.stride(0), k.stride(1), k.stride(2))
+    meta = dict(
         D=D, BLOCK_D=block_d(D), BLOCK_L=BLOCK_L, BLOCK_N=block_n,
-        IEEE=q_rows.dtype == torch.float32, LAZY=lazy, num_warps=num_warps,
-        num_stages=num_stages,
+        IEEE=q_rows.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if edges:
+        _line_folds_interior_kernel[(n_int * n_sub * G, B * H_KV)](
+            q_rows, k, m_i, l_i, a_i, *strides, H, G, L, row_start, seg, n_sub, per_i, n_int,
+            g_a, g_b, scale * LOG2E, **meta,
+        )  # fmt: skip
+    _line_folds_fwd_kernel[(n_chunks * n_sub * G, B * H_KV)](
+        q_rows, k, m, lsum, acol, asl, *strides,
+        H, G, L, S, row_start, seg, n_sub, n_seg, per, n_chunks, lo, hi, g_a, g_b, scale * LOG2E,
+        EDGES=edges, **meta,
     )  # fmt: skip
     _line_folds_merge_kernel[(BH, n_sub, n_g)](
-        m, lsum, acol, asl, col, sl, L, n_sub, n_chunks, seg_w,
+        m, lsum, acol, asl, m_i, l_i, a_i, col, sl, L, n_sub, n_chunks, n_int, seg_w,
         BLOCK_L=BLOCK_L, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4,
     )  # fmt: skip
     return col.view(BH, n_g, seg_w), sl.view(BH, L, seg_w), seg

@@ -25,6 +25,22 @@ def _line_start(c, ph, st, q, r):
 
 
 @triton.jit
+def _line_and_token(p, ph, st, q, r, STEPS: tl.constexpr):
+    """``(line, original token)`` at permuted positions ``p`` (any shape, ``0 <= p < S``): the
+    line by a binary search of ``start`` (``STEPS`` halvings of ``[0, st)``), the token by its
+    rank in the line."""
+    lo = tl.zeros(p.shape, dtype=tl.int32)
+    hi = lo + st
+    for _ in range(STEPS):  # invariant: start(lo) <= p < start(hi)
+        mid = (lo + hi) // 2
+        take = _line_start(mid, ph, st, q, r) <= p
+        lo = tl.where(take, mid, lo)
+        hi = tl.where(take, hi, mid)
+    first = tl.where(ph + lo < st, ph + lo, ph + lo - st)
+    return lo, first + st * (p - _line_start(lo, ph, st, q, r))
+
+
+@triton.jit
 def _grid_permutation_fwd_kernel(
     st_ptr, ph_ptr, perm_ptr, inv_ptr, S, BLOCK: tl.constexpr, STEPS: tl.constexpr
 ):
@@ -39,15 +55,8 @@ def _grid_permutation_fwd_kernel(
     row = n.to(tl.int64) * S
     c = (i - ph + st) % st
     tl.store(inv_ptr + row + i, _line_start(c, ph, st, q, r) + i // st, mask=ok)
-    lo = tl.zeros([BLOCK], dtype=tl.int32)
-    hi = lo + st
-    for _ in range(STEPS):  # invariant: start(lo) <= i < start(hi)
-        mid = (lo + hi) // 2
-        take = _line_start(mid, ph, st, q, r) <= i
-        lo = tl.where(take, mid, lo)
-        hi = tl.where(take, hi, mid)
-    first = tl.where(ph + lo < st, ph + lo, ph + lo - st)
-    tl.store(perm_ptr + row + i, first + st * (i - _line_start(lo, ph, st, q, r)), mask=ok)
+    _, val = _line_and_token(i, ph, st, q, r, STEPS)
+    tl.store(perm_ptr + row + i, val, mask=ok)
 
 
 def _launch_grid_permutation_fwd(
@@ -102,15 +111,7 @@ def _grid_blocks_kernel(
     u = tl.arange(0, BLOCK_B)
     p = m[:, None] * blk + u[None, :]
     ok = (u[None, :] < blk) & (p < S)
-    lo = tl.zeros([BM, BLOCK_B], dtype=tl.int32)
-    hi = lo + st
-    for _ in range(STEPS):  # invariant: start(lo) <= p < start(hi)
-        mid = (lo + hi) // 2
-        take = _line_start(mid, ph, st, q, r) <= p
-        lo = tl.where(take, mid, lo)
-        hi = tl.where(take, hi, mid)
-    first = tl.where(ph + lo < st, ph + lo, ph + lo - st)
-    val = first + st * (p - _line_start(lo, ph, st, q, r))
+    lo, val = _line_and_token(p, ph, st, q, r, STEPS)
     row = n.to(tl.int64) * S
     tl.store(perm_ptr + row + p, val, mask=ok)
     big = 2147483647

@@ -402,6 +402,7 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     read then waits only for the GPU. The same stride, phase, permutation, lists, runs and
     split as the unfused path (tests compare). Each launch and allocation costs host time that
     a 128K-token layer notices, hence the shared buffers."""
+    from sparse_kernels.estimate.search import stride_vector
     from sparse_kernels.estimate.triton import _fold_partials, _search_partials
     from sparse_kernels.permuted.grid_triton import grid_blocks_buffer, grid_blocks_triton
 
@@ -415,7 +416,7 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     )
     buf = grid_blocks_buffer(ctx.B * ctx.H, S, blk, dev)
     st, ph, _ = _search_partials(
-        col, sl, seg, P, S - n, _stride_vector(sp, dev), 0.15, zero=buf[-2:]
+        col, sl, seg, P, S - n, stride_vector(sp, dev), 0.15, zero=buf[-2:]
     )
     flags = _head_flags(
         tuple(tuple(getattr(c.pattern, f) for c in cfgs) for f in ("use_vline", "use_slash")),
@@ -438,12 +439,6 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
 
     meta = {"stride": st, "phase": ph, "kv_runs": blocks[4], "lists": lists}
     return None, None, perm, perm, meta
-
-
-@functools.lru_cache(maxsize=64)
-def _stride_vector(sp: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The stride space as int32 ``[k]`` on ``device``, ascending, made once per value."""
-    return to_device(torch.tensor(sorted(sp), dtype=torch.int32), device)
 
 
 def _plan_block_sparse(ctx: _Ctx, hs, cfgs) -> tuple:

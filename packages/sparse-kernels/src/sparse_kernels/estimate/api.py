@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .._validate import (
@@ -14,7 +12,7 @@ from .._validate import (
     resolve_impl,
 )
 from .reference import line_folds_reference, line_scores_reference
-from .search import host_to_device, search_folds_reference
+from .search import search_folds_reference, stride_vector
 
 
 def line_scores(
@@ -112,13 +110,8 @@ def line_fold_search(
 
     return line_fold_search_triton(
         q_rows, k, row_start, period=period, lo=lo, hi=hi,
-        strides=_strides_on(strides, q_rows.device), rel_tol=rel_tol, scale=scale,
+        strides=stride_vector(strides, q_rows.device), rel_tol=rel_tol, scale=scale,
     )  # fmt: skip
-
-
-@functools.lru_cache(maxsize=64)
-def _strides_on(strides: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    return host_to_device(torch.tensor(strides, dtype=torch.int32), device)
 
 
 def _check_fold_args(period: int, lo: int, hi: int, S: int) -> None:

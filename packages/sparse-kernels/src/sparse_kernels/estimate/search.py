@@ -75,3 +75,10 @@ def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+@functools.lru_cache(maxsize=64)
+def stride_vector(strides: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The candidate strides as the search kernel takes them: int32 ``[k]`` on ``device``,
+    ascending, made once per value."""
+    return host_to_device(torch.tensor(sorted(strides), dtype=torch.int32), device)

@@ -932,14 +932,13 @@ def line_fold_search_triton(
     strides: torch.Tensor,
     rel_tol: float,
     scale: float,
-    zero: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fold kernel, its merge and ``_fold_search_kernel``: ``(stride int64, phase int64,
     score float32)``, each ``[B, H]``. ``strides``: int32 ``[k]`` on the device, ascending, each
-    dividing ``period`` (not checked here). ``zero``: see :func:`_search_partials`."""
+    dividing ``period`` (not checked here)."""
     B, H, L, _ = q_rows.shape
     col, sl, seg = _fold_partials(q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale)
-    st, ph, score = _search_partials(col, sl, seg, period, row_start, strides, rel_tol, zero)
+    st, ph, score = _search_partials(col, sl, seg, period, row_start, strides, rel_tol)
     return st.reshape(B, H), ph.reshape(B, H), score.reshape(B, H)
 
 

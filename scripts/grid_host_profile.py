@@ -1,0 +1,171 @@
+"""Where the host time of the fused Grid planner goes (GPU): per-stage host times of
+``plan_layer`` + run split at one length (medians, the GPU idle at each start), a cProfile of
+the same call, and the host cost of a Triton launch by argument count and launch path, of a
+CUDA allocation, a split and a view. Qwen2.5-VL-7B attention shape, the planted video of
+``bench_grid.py``.
+
+    python3 scripts/grid_host_profile.py --seq 131072
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+import triton
+import triton.language as tl
+from _load import load_repo_module
+from sparse_patterns import Grid, HeadConfig, plan_layer
+
+
+def _stages(fn, targets: list[tuple[object, str]], n: int) -> dict:
+    """Median inclusive host time (ms) of each wrapped function per call of ``fn``."""
+    acc: dict[str, list[float]] = {}
+    per: dict[str, float] = {}
+    saved = []
+    for mod, name in targets:
+        real = getattr(mod, name)
+        saved.append((mod, name, real))
+
+        def wrap(*a, _real=real, _key=f"{mod.__name__}.{name}", **kw):
+            t = time.perf_counter()
+            try:
+                return _real(*a, **kw)
+            finally:
+                per[_key] = per.get(_key, 0.0) + time.perf_counter() - t
+
+        setattr(mod, name, wrap)
+    try:
+        for _ in range(n):
+            torch.cuda.synchronize()
+            per.clear()
+            t0 = time.perf_counter()
+            fn()
+            per["total"] = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            for key, v in per.items():
+                acc.setdefault(key, []).append(v)
+    finally:
+        for mod, name, real in saved:
+            setattr(mod, name, real)
+    return {key: round(statistics.median(v) * 1e3, 4) for key, v in acc.items()}
+
+
+@triton.jit
+def _one(x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n, other=0.0), mask=i < n)
+
+
+@triton.jit
+def _many(
+    a, b, c, d, e, f, g, h, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, x,
+    BLOCK: tl.constexpr, FLAG: tl.constexpr,
+):  # fmt: skip
+    i = tl.arange(0, BLOCK)
+    s = n0 + n1 + n2 + n3 + n4 + n5 + n6 + n7 + n8 + n9 + n10 + n11 + n12 + n13
+    tl.store(a + i, tl.load(b + i) + x + s)
+
+
+def _per_call_us(fn, n: int = 2000) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return round(dt / n * 1e6, 2)
+
+
+def _launch_costs() -> dict:
+    x = torch.zeros(1024, device="cuda")
+    bufs = [torch.zeros(1024, device="cuda") for _ in range(8)]
+    out = {}
+    out["triton_1ptr_1int"] = _per_call_us(lambda: _one[(1,)](x, 16, BLOCK=16))
+    ints = list(range(3, 17))
+    out["triton_8ptr_14int_1float"] = _per_call_us(
+        lambda: _many[(1,)](*bufs, *ints, 0.5, BLOCK=16, FLAG=True)
+    )
+    k = _many[(1,)](*bufs, *ints, 0.5, BLOCK=16, FLAG=True)
+    try:
+        from triton import knobs
+
+        enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        stream = torch.cuda.current_stream().cuda_stream
+        args = (*bufs, *ints, 0.5, 16, True)
+
+        def direct():
+            k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, enter, exit_, *args)
+
+        out["triton_direct_8ptr_14int_1float"] = _per_call_us(direct)
+    except Exception as err:  # report, do not stop: the direct path is private API
+        out["triton_direct_error"] = repr(err)
+    out["torch_empty_cuda"] = _per_call_us(lambda: torch.empty(4096, device="cuda"))
+    big = torch.empty(1 << 20, device="cuda")
+    out["torch_split_9"] = _per_call_us(lambda: big.split([1000] * 9))
+    out["torch_view"] = _per_call_us(lambda: big.view(1024, 1024))
+    q = torch.empty(1, 28, 4096, 128, device="cuda")
+    out["torch_slice_4d"] = _per_call_us(lambda: q[:, :, 4000:])
+    out["torch_zeros_cuda"] = _per_call_us(lambda: torch.zeros(4096, device="cuda"))
+    out["cuda_event_record"] = _per_call_us(lambda: torch.cuda.Event().record())
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=131072)
+    ap.add_argument("--rep", type=int, default=30)
+    a = ap.parse_args()
+    bg = load_repo_module("bench_grid", "packages/sparse-patterns/benchmarks/bench_grid.py")
+    from sparse_kernels.estimate import triton as est
+    from sparse_kernels.permuted import grid_triton, lists_triton, perms
+    from sparse_patterns import mminference as MM
+
+    S = a.seq
+    q, k, _ = bg._video_qkv(S)
+    lay = bg._layout(S)
+    cfgs = [HeadConfig(Grid(use_hline=False, use_vline=True, use_slash=True))] * bg.H
+
+    def fn():
+        return plan_layer(q, k, cfgs, lay, block=bg.BLOCK)._launch_lists
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    targets = [
+        (est, "_fold_partials"),
+        (est, "_search_partials"),
+        (grid_triton, "grid_blocks_buffer"),
+        (grid_triton, "grid_blocks_triton"),
+        (lists_triton, "launch_grid_lists"),
+        (perms, "host_ints"),
+        (MM, "_plan_grid_fused"),
+        (MM, "_plan_grid"),
+        (MM, "as_token_layout"),
+        (MM, "normalize_head_configs"),
+        (MM, "_Ctx"),
+        (MM, "BlockPlan"),
+    ]
+    print("stages (ms, inclusive, median):", _stages(fn, targets, a.rep))
+    pr = cProfile.Profile()
+    torch.cuda.synchronize()
+    pr.enable()
+    for _ in range(a.rep):
+        fn()
+        torch.cuda.synchronize()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(45)
+    print(s.getvalue())
+    print("launch and torch costs (us per call):", _launch_costs())
+
+
+if __name__ == "__main__":
+    main()

@@ -30,9 +30,13 @@ def _stages(fn, targets: list[tuple[object, str]], n: int) -> dict:
     saved = []
     for mod, name in targets:
         real = getattr(mod, name)
+        if isinstance(real, triton.runtime.jit.JITFunction):  # time its launches
+            mod, name, real = real, "run", real.run
         saved.append((mod, name, real))
 
-        def wrap(*a, _real=real, _key=f"{mod.__name__}.{name}", **kw):
+        key = f"{getattr(mod, '__name__', mod)}.{name}"
+
+        def wrap(*a, _real=real, _key=key, **kw):
             t = time.perf_counter()
             try:
                 return _real(*a, **kw)
@@ -105,11 +109,17 @@ def _launch_costs() -> dict:
             k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, enter, exit_, *args)
 
         out["triton_direct_8ptr_14int_1float"] = _per_call_us(direct)
+        out["triton_runner_8ptr_14int_1float"] = _per_call_us(lambda: k[(1, 1, 1)](*args))
+        ref = bufs[1] + 0.5 + sum(ints)
+        bufs[0].zero_()
+        direct()
+        torch.cuda.synchronize()
+        out["triton_direct_correct"] = bool(torch.equal(bufs[0][:16], ref[:16]))
     except Exception as err:  # report, do not stop: the direct path is private API
         out["triton_direct_error"] = repr(err)
     out["torch_empty_cuda"] = _per_call_us(lambda: torch.empty(4096, device="cuda"))
     big = torch.empty(1 << 20, device="cuda")
-    out["torch_split_9"] = _per_call_us(lambda: big.split([1000] * 9))
+    out["torch_split_9"] = _per_call_us(lambda: big[:9000].split([1000] * 9))
     out["torch_view"] = _per_call_us(lambda: big.view(1024, 1024))
     q = torch.empty(1, 28, 4096, 128, device="cuda")
     out["torch_slice_4d"] = _per_call_us(lambda: q[:, :, 4000:])
@@ -147,6 +157,15 @@ def main() -> None:
         (lists_triton, "launch_grid_lists"),
         (perms, "host_ints"),
         (MM, "_plan_grid_fused"),
+        *(
+            (m, n)
+            for m in (est, grid_triton, lists_triton)
+            for n in dir(m)
+            if n.endswith("_kernel")
+        ),
+        (est, "_fold_plan"),
+        (est, "_interior"),
+        (est, "_chunks"),
         (MM, "_plan_grid"),
         (MM, "as_token_layout"),
         (MM, "normalize_head_configs"),

@@ -295,15 +295,18 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     # Heads sharing a stride space are searched together (a loop over distinct spaces, not heads).
     spaces: dict[tuple[int, ...], list[int]] = {}
     Hg = len(cfgs)
+    made: dict[int, tuple[int, ...]] = {}  # per config object: a layer repeats one config
     for i, cfg in enumerate(cfgs):
-        c = cfg.pattern
-        sp = (
-            (c.stride,)
-            if c.stride is not None
-            else tuple(
-                E.stride_space(ctx.layout.tokens_per_frame, max_stride=c.max_stride, S=ctx.S)
+        sp = made.get(id(cfg))
+        if sp is None:
+            c = cfg.pattern
+            sp = made[id(cfg)] = (
+                (c.stride,)
+                if c.stride is not None
+                else tuple(
+                    E.stride_space(ctx.layout.tokens_per_frame, max_stride=c.max_stride, S=ctx.S)
+                )
             )
-        )
         if not sp:
             raise ValueError(
                 f"Grid head {i}: expected a stride space with at least one stride <= S/4, got none "
@@ -388,8 +391,9 @@ def _fused_grid_fits(ctx: _Ctx, hs, cfgs, spaces: dict, L: int) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _head_flags(flags: tuple[tuple[bool, ...], ...], B: int, device: torch.device) -> torch.Tensor:
-    """int32 ``[len(flags), B * H]`` on ``device`` (b-major), made once per value."""
-    return to_device(torch.tensor(flags, dtype=torch.int32).repeat(1, B), device)
+    """int32 ``[F, B * H]`` on ``device`` (b-major) from ``H`` tuples of ``F`` flags, made once
+    per value."""
+    return to_device(torch.tensor(flags, dtype=torch.int32).T.repeat(1, B), device)
 
 
 def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
@@ -418,10 +422,7 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     st, ph, _ = _search_partials(
         col, sl, seg, P, S - n, stride_vector(sp, dev), 0.15, zero=buf[-2:]
     )
-    flags = _head_flags(
-        tuple(tuple(getattr(c.pattern, f) for c in cfgs) for f in ("use_vline", "use_slash")),
-        ctx.B, dev,
-    )  # fmt: skip
+    flags = _head_flags(tuple((c.pattern.use_vline, c.pattern.use_slash) for c in cfgs), ctx.B, dev)
     perm, blocks, v_hi, widths = grid_blocks_triton(
         S, st, ph, flags[0], flags[1], blk, max(sp), buf=buf
     )
@@ -882,6 +883,16 @@ def plan_layer(
     cfgs = normalize_head_configs(head_config, H)
     lay = as_token_layout(layout, S, q.device)
     ctx = _Ctx(q, k, lay, block, scale)
+    c0 = cfgs[0]
+    if (
+        isinstance(c0.pattern, Grid)
+        and isinstance(c0.boundary, (NoBoundary, KBoundary))
+        and all(c is c0 for c in cfgs)
+    ):  # one Grid config for every head: no grouping, and the fused planner's plan as it is
+        res = _plan_grid(ctx, list(range(H)), cfgs)
+        if res[0] is None:
+            return _fused_grid_plan(ctx, res)
+        return _assemble(ctx, [(list(range(H)), res)], exact_vertical_lists)
     groups: dict[tuple, list[int]] = {}
     for h, c in enumerate(cfgs):
         bkind = "none" if isinstance(c.boundary, (NoBoundary, KBoundary)) else c.boundary.kind
@@ -900,7 +911,6 @@ def plan_layer(
                     f"KBoundary; got {type(c.boundary).__name__} (use exact=False there)"
                 )
         groups.setdefault((type(c.pattern), bkind, exact), []).append(h)
-    nb = -(-S // block)
     results = []
     # Vertical-Slash groups first: the line scores they make are cached, and a Grid group folds
     # them instead of passing over the keys again.
@@ -922,7 +932,33 @@ def plan_layer(
         else:  # pragma: no cover - HeadConfig validates the type
             raise NotImplementedError(f"pattern {ptype.__name__}")
         results.append((hs, res))
-    dev = q.device
+    return _assemble(ctx, results, exact_vertical_lists)
+
+
+def _fused_grid_plan(ctx: _Ctx, res: tuple) -> BlockPlan:
+    """The plan of a layer of Grid heads that ``_plan_grid_fused`` planned together (every head,
+    in order): what :func:`_assemble` makes of that one group, without its merging."""
+    B, H, S, blk = ctx.B, ctx.H, ctx.S, ctx.block
+    _, _, perm, _, meta = res
+    nb = -(-S // blk)
+    stride = meta["stride"].view(B, H)
+    perm = perm.view(B, H, S)
+    idx, cnt, run_split = meta["lists"]()
+    if run_split is not None:
+        run_split = tuple(t.view(B, H, *t.shape[1:]) for t in run_split)
+    return BlockPlan(
+        idx.view(B, H, nb, -1), cnt.view(B, H, nb), perm, perm, blk, S,
+        {"stride": stride, "phase": meta["phase"].view(B, H)},
+        kv_runs=(meta["kv_runs"].view(B, H, nb), stride), run_split=run_split,
+    )  # fmt: skip
+
+
+def _assemble(ctx: _Ctx, results: list, exact_vertical_lists: bool) -> BlockPlan:
+    """One :class:`BlockPlan` from each group's planner result ``(heads, (idx, cnt, q_perm,
+    kv_perm, meta))``: per-head tensors merged into ``[B, H, ...]``, the lists made last."""
+    B, H, S, block = ctx.B, ctx.H, ctx.S, ctx.block
+    nb = -(-S // block)
+    dev = ctx.q.device
     parts: dict[str, list] = {k: [] for k in ("idx", "cnt", "q", "kv", "runs", "step", "st", "ph")}
     step_one = True  # known on the host: no head has a grid step
     exact_vertical, exact_a_shape = [], []

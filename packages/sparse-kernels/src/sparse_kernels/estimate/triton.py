@@ -22,6 +22,7 @@ the rows' log-sum-exp, and torch folds the rows' slash sums by offset class.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -36,6 +37,7 @@ from .._triton.config import (
     configs,
     on_interpreter,
 )
+from .._triton.launch import launch
 
 # Line folds (one pass). Keys are cut into segments of ``seg`` positions (a multiple of the period),
 # each segment into sub-tiles of BLOCK_N; a program owns one sub-tile position t of a run of
@@ -768,18 +770,73 @@ def _fold_partials(
     H_KV, S = k.shape[1], k.shape[2]
     q_rows = q_rows if q_rows.stride(-1) == 1 else q_rows.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
+    f = _fold_setup(
+        B, H, H_KV, L, D, S, row_start, period, lo, hi, q_rows.dtype == torch.float32, block_n,
+        num_warps, num_stages, on_interpreter(), _FOLD_INTERIOR, _FOLD_PROGRAMS, _FOLD_SHORT_KEYS,
+    )  # fmt: skip
+    # One allocation for the partials and the merged sums (each allocation costs host time).
+    buf = torch.empty(f.total, dtype=torch.float32, device=q_rows.device)
+    m, lsum, acol, asl, m_i, l_i, a_i, col, sl = buf.split(f.sizes)
+    strides = (q_rows.stride(0), q_rows.stride(1), q_rows.stride(2))
+    strides += (k.stride(0), k.stride(1), k.stride(2))
+    sc = scale * LOG2E
+    if f.edges:
+        launch(
+            _line_folds_interior_kernel, f.grid_i, q_rows, k, m_i, l_i, a_i, *strides, *f.args_i,
+            sc, **f.meta,
+        )  # fmt: skip
+    launch(
+        _line_folds_fwd_kernel, f.grid, q_rows, k, m, lsum, acol, asl, *strides, *f.args, sc,
+        EDGES=f.edges, **f.meta,
+    )  # fmt: skip
+    launch(
+        _line_folds_merge_kernel, f.grid_m, m, lsum, acol, asl, m_i, l_i, a_i, col, sl,
+        *f.args_m, **f.meta_m,
+    )  # fmt: skip
+    BH, seg_w = B * H, f.seg_w
+    return col.view(BH, f.n_g, seg_w), sl.view(BH, L, seg_w), f.seg
+
+
+class _FoldSetup(NamedTuple):
+    """What :func:`_fold_partials` launches with, per shape (:func:`_fold_setup`)."""
+
+    total: int
+    sizes: tuple[int, ...]
+    edges: bool
+    grid_i: tuple[int, int]
+    args_i: tuple[int, ...]
+    grid: tuple[int, int]
+    args: tuple[int, ...]
+    meta: dict
+    grid_m: tuple[int, int, int]
+    args_m: tuple[int, ...]
+    meta_m: dict
+    n_g: int
+    seg_w: int
+    seg: int
+
+
+@functools.lru_cache(maxsize=64)
+def _fold_setup(
+    B, H, H_KV, L, D, S, row_start, period, lo, hi, fp32, block_n, num_warps, num_stages,
+    interp, interior, programs, short,
+) -> _FoldSetup:  # fmt: skip
+    """The launch settings of :func:`_fold_partials` per shape. The module's switches
+    ``_FOLD_INTERIOR``, ``_FOLD_PROGRAMS`` and ``_FOLD_SHORT_KEYS`` (read by ``_interior`` and
+    ``_chunks``) are in the cache key as ``interior``, ``programs`` and ``short``: tests and
+    timings change them."""
+    del interior, programs, short
     BLOCK_L = max(16, triton.next_power_of_2(L))
-    dev = q_rows.device
     if block_n is None:
         # fp32 goes through exact (FMA-emulated) dots: a narrow tile, as in the other kernels.
-        block_n = FP32_CONFIG["BLOCK_N"] if q_rows.dtype == torch.float32 else _FOLD_BLOCK_N
+        block_n = FP32_CONFIG["BLOCK_N"] if fp32 else _FOLD_BLOCK_N
         if BLOCK_L > 64:
             block_n = min(block_n, 64)
     if num_warps is None:
         num_warps = 8 if BLOCK_L > 64 else 4
     n_keys = min(S, row_start + L)
-    seg, n_sub, n_seg, per, n_chunks = _fold_plan(period, n_keys, B * H, block_n)
     BH = B * H
+    seg, n_sub, n_seg, per, n_chunks = _fold_plan(period, n_keys, BH, block_n)
     g_a, g_b = _interior(seg, n_sub, block_n, L, BLOCK_L, row_start, lo, hi)
     edges = g_b > g_a
     per_i, n_int = _chunks(g_b - g_a, n_sub * BH, n_keys) if edges else (1, 0)
@@ -789,37 +846,27 @@ def _fold_partials(
     seg_w = n_sub * block_n
     block_r = min(16, BLOCK_L)
     n_g = BLOCK_L // block_r
-    # One allocation for the partials and the merged sums (each allocation costs host time).
     tile = BLOCK_L * block_n
     sizes = (BH * n_part * BLOCK_L,) * 2 + (BH * n_part * tile,) * 2
     sizes += (BH * n_ipart * BLOCK_L,) * 2 + (BH * n_ipart * tile,)
     sizes += (BH * n_g * seg_w, BH * L * seg_w)
-    buf = torch.empty(sum(sizes), dtype=torch.float32, device=dev)
-    m, lsum, acol, asl, m_i, l_i, a_i, col, sl = buf.split(sizes)
     G = H // H_KV
     if num_stages is None:
-        num_stages = 1 if on_interpreter() else 2
-    strides = (q_rows.stride(0), q_rows.stride(1), q_rows.stride(2))
-    strides += (k.stride(0), k.stride(1), k.stride(2))
+        num_stages = 1 if interp else 2
     meta = dict(
-        D=D, BLOCK_D=block_d(D), BLOCK_L=BLOCK_L, BLOCK_N=block_n,
-        IEEE=q_rows.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
+        D=D, BLOCK_D=block_d(D), BLOCK_L=BLOCK_L, BLOCK_N=block_n, IEEE=fp32,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    if edges:
-        _line_folds_interior_kernel[(n_int * n_sub * G, B * H_KV)](
-            q_rows, k, m_i, l_i, a_i, *strides, H, G, L, row_start, seg, n_sub, per_i, n_int,
-            g_a, g_b, scale * LOG2E, **meta,
-        )  # fmt: skip
-    _line_folds_fwd_kernel[(n_chunks * n_sub * G, B * H_KV)](
-        q_rows, k, m, lsum, acol, asl, *strides,
-        H, G, L, S, row_start, seg, n_sub, n_seg, per, n_chunks, lo, hi, g_a, g_b, scale * LOG2E,
-        EDGES=edges, **meta,
+    return _FoldSetup(
+        total=sum(sizes), sizes=sizes, edges=edges,
+        grid_i=(n_int * n_sub * G, B * H_KV),
+        args_i=(H, G, L, row_start, seg, n_sub, per_i, n_int, g_a, g_b),
+        grid=(n_chunks * n_sub * G, B * H_KV),
+        args=(H, G, L, S, row_start, seg, n_sub, n_seg, per, n_chunks, lo, hi, g_a, g_b),
+        meta=meta, grid_m=(BH, n_sub, n_g), args_m=(L, n_sub, n_chunks, n_int, seg_w),
+        meta_m=dict(BLOCK_L=BLOCK_L, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4),
+        n_g=n_g, seg_w=seg_w, seg=seg,
     )  # fmt: skip
-    _line_folds_merge_kernel[(BH, n_sub, n_g)](
-        m, lsum, acol, asl, m_i, l_i, a_i, col, sl, L, n_sub, n_chunks, n_int, seg_w,
-        BLOCK_L=BLOCK_L, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4,
-    )  # fmt: skip
-    return col.view(BH, n_g, seg_w), sl.view(BH, L, seg_w), seg
 
 
 @triton.jit
@@ -958,20 +1005,29 @@ def _search_partials(
     BH, n_g, seg_w = col.shape
     L = sl.shape[1]
     dev = col.device
-    block_p = triton.next_power_of_2(P)
+    block_p, meta = _search_setup(P, strides.shape[0])
     buf = torch.empty(BH * (2 * block_p + 1), dtype=torch.float32, device=dev)
     scratch, score = buf[: BH * 2 * block_p], buf[BH * 2 * block_p :]
-    out = torch.empty(2, BH, dtype=torch.int64, device=dev)
+    st, ph = torch.empty(2, BH, dtype=torch.int64, device=dev).unbind()
     n_zero = 0 if zero is None else zero.numel()
     if n_zero > block_p:
         raise ValueError(f"zero: expected at most {block_p} entries, got {n_zero}")
-    _fold_search_kernel[(BH,)](
-        col, sl, scratch, strides, out[0], out[1], score, score if zero is None else zero, n_zero,
-        n_g, seg_w, seg // P, L, row_start % P, P, strides.shape[0], _keep(rel_tol),
-        BLOCK_P=block_p, BLOCK_LR=max(1, 4096 // block_p), BLOCK_M=32, BLOCK_C=64,
-        BLOCK_K=triton.next_power_of_2(strides.shape[0]), num_warps=4 if block_p <= 1024 else 8,
+    launch(
+        _fold_search_kernel, (BH,), col, sl, scratch, strides, st, ph, score,
+        score if zero is None else zero, n_zero, n_g, seg_w, seg // P, L, row_start % P, P,
+        strides.shape[0], _keep(rel_tol), **meta,
     )  # fmt: skip
-    return out[0], out[1], score
+    return st, ph, score
+
+
+@functools.lru_cache(maxsize=64)
+def _search_setup(P: int, n_strides: int) -> tuple[int, dict]:
+    """``(BLOCK_P, constexprs and launch options)`` of ``_fold_search_kernel``."""
+    block_p = triton.next_power_of_2(P)
+    return block_p, dict(
+        BLOCK_P=block_p, BLOCK_LR=max(1, 4096 // block_p), BLOCK_M=32, BLOCK_C=64,
+        BLOCK_K=triton.next_power_of_2(n_strides), num_warps=4 if block_p <= 1024 else 8,
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=16)

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton.launch import launch
+
 _BLOCK = 1024
 
 
@@ -175,7 +177,8 @@ def grid_blocks_triton(
     block_b = triton.next_power_of_2(block)
     bm = max(1, 2048 // block_b)
     steps = max(1, int(max_stride).bit_length())
-    _grid_blocks_kernel[(triton.cdiv(nb, bm), N)](
+    launch(
+        _grid_blocks_kernel, (triton.cdiv(nb, bm), N),
         stride, phase, use_vline, use_slash, perm, blocks, v_hi, widths, S, N * nb, nb, block,
         BM=bm, BLOCK_B=block_b, STEPS=steps,
     )  # fmt: skip

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton.launch import launch
+
 
 @triton.jit
 def _grid_lists_kernel(
@@ -100,12 +102,13 @@ def launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, wv: int, ws: int, nkb: int, 
     n_lists = 3 if runs is not None else 1
     # One allocation for every output list and count.
     buf = torch.empty(n_lists * N * nqb * (W + 1), dtype=torch.int32, device=s_lo.device)
-    lists, counts = buf[: n_lists * N * nqb * W], buf[n_lists * N * nqb * W :]
-    lists = [x.view(N, nqb, W) for x in lists.split(N * nqb * W)]
-    counts = [x.view(N, nqb) for x in counts.split(N * nqb)]
+    at = n_lists * N * nqb * W
+    lists = buf[:at].view(n_lists, N, nqb, W).unbind()
+    counts = buf[at:].view(n_lists, N, nqb).unbind()
     split = runs is not None
     args = (lists[1], counts[1], lists[2], counts[2]) if split else (lists[0], counts[0]) * 2
-    _grid_lists_kernel[(triton.cdiv(nqb, block_r), N)](
+    launch(
+        _grid_lists_kernel, (triton.cdiv(nqb, block_r), N),
         v_hi.contiguous(), s_lo.contiguous(), s_hi.contiguous(), kmin.contiguous(),
         qmax.contiguous(), lists[0], counts[0], runs if split else counts[0], *args, nqb, nkb,
         wv, ws, BLOCK_R=block_r, BLOCK_W=block_w, SPLIT=split,

@@ -1,0 +1,103 @@
+"""The direct launch path (``sparse_kernels._triton.launch``): its key separates every
+specialization Triton makes, and a direct launch computes what ``fn[grid]`` computes."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from sparse_kernels._triton import launch as L
+from sparse_kernels.testing import default_device
+
+DEV = default_device()
+
+
+@triton.jit
+def _axpy(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr, NEG: tl.constexpr = False):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    v = alpha * tl.load(x_ptr + i, mask=ok, other=0.0) + tl.load(y_ptr + i, mask=ok, other=0.0)
+    tl.store(out_ptr + i, -v if NEG else v, mask=ok)
+
+
+def _run(x, y, n, alpha, **kw) -> torch.Tensor:
+    out = torch.full_like(x, -7.0)
+    L.launch(_axpy, (triton.cdiv(max(n, 1), 64),), x, y, out, n, alpha, BLOCK=64, **kw)
+    return out
+
+
+def _gold(x, y, n, alpha, neg=False) -> torch.Tensor:
+    out = torch.full_like(x, -7.0)
+    v = alpha * x[:n] + y[:n]
+    out[:n] = -v if neg else v
+    return out
+
+
+def test_spec_key_separates_what_triton_specializes_on():
+    base = torch.zeros(64, dtype=torch.float32)
+    key = L.spec_key
+    assert key((base,)) == key((torch.zeros(64, dtype=torch.float32),))  # data apart
+    assert key((base,)) != key((base[1:],))  # address modulo 16 bytes
+    assert key((base,)) != key((base.half(),))  # dtype
+    assert key((1,)) != key((2,)) and key((16,)) != key((32,))  # int values
+    assert key((1,)) != key((True,)) and key((1,)) != key((1.0,))  # types apart
+    assert key((0.5,)) == key((0.5,))
+    assert key((None,)) != key((0,))
+
+
+def test_direct_path_is_off_under_the_interpreter_and_on_request(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not L.direct_enabled()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("SPARSE_KERNELS_DIRECT_LAUNCH", "0")
+    assert not L.direct_enabled()
+
+
+def test_launch_computes_what_the_kernel_computes():
+    x = torch.randn(200, device=DEV)
+    y = torch.randn(200, device=DEV)
+    for n, alpha, neg in ((200, 0.5, False), (200, 2.0, True), (1, 0.5, False), (130, 0.5, False)):
+        got = _run(x, y, n, alpha, NEG=neg)
+        torch.testing.assert_close(got, _gold(x, y, n, alpha, neg), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_direct_launch_keys_and_results_gpu(monkeypatch):
+    monkeypatch.setenv("SPARSE_KERNELS_DIRECT_LAUNCH", "1")
+    assert L.direct_enabled()
+    L._KERNELS.clear()
+    x = torch.randn(4096, device="cuda")
+    y = torch.randn(4096, device="cuda")
+    calls = [
+        (x, y, 4096, 0.5),  # compiles (or finds) the kernel: the standard path
+        (x * 2, y, 4096, 0.5),  # same key, other data: the direct path
+        (x[1:], y[1:], 4095, 0.5),  # unaligned: a new key (Triton specializes on alignment)
+        (x[1:], y[1:], 1, 0.5),  # n == 1: a new key (Triton specializes ints equal to 1)
+        (x, y, 4096, -3.0),  # another float: a new key, the same kernel
+        (x, y, 4096, -3.0),  # direct again
+    ]
+    for i, (a, b, n, alpha) in enumerate(calls):
+        got = _run(a, b, n, alpha)
+        torch.testing.assert_close(got, _gold(a, b, n, alpha), rtol=0, atol=0, msg=f"call {i}")
+    assert len(L._KERNELS) == 4
+    # A launch on another stream goes to that stream.
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        got = _run(x, y, 4096, 0.5)
+    s.synchronize()
+    torch.testing.assert_close(got, _gold(x, y, 4096, 0.5), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_direct_and_standard_launch_agree_on_the_planner_kernels_gpu(monkeypatch):
+    """The line-fold search through the direct path equals it through ``fn[grid]``."""
+    from sparse_kernels.estimate import line_fold_search
+
+    q = torch.randn(1, 4, 64, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 2, 4096, 64, device="cuda", dtype=torch.float16)
+    kw = dict(period=32, lo=64, hi=4000, strides=[4, 8, 16, 32], scale=0.125, impl="triton")
+    got = [line_fold_search(q, k, 4032, **kw) for _ in range(3)]  # standard, then direct
+    monkeypatch.setenv("SPARSE_KERNELS_DIRECT_LAUNCH", "0")
+    ref = line_fold_search(q, k, 4032, **kw)
+    for g in got:
+        for a, b in zip(g, ref, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -52,6 +52,15 @@ def test_direct_path_is_off_under_the_interpreter_and_on_request(monkeypatch):
     assert not L.direct_enabled()
 
 
+def test_a_launch_hook_turns_the_direct_path_off():
+    class Chain:  # Triton's HookChain: never None, its hooks in ``calls``
+        def __init__(self, calls):
+            self.calls = calls
+
+    assert not L._hooked(None) and not L._hooked(Chain([]))
+    assert L._hooked(Chain([print])) and L._hooked(print)
+
+
 def test_launch_computes_what_the_kernel_computes():
     x = torch.randn(200, device=DEV)
     y = torch.randn(200, device=DEV)

@@ -431,7 +431,7 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
         from sparse_kernels.permuted.lists_triton import GRID_LISTS_MAX_WIDTH, launch_grid_lists
         from sparse_kernels.permuted.perms import host_ints
 
-        kmin, qmax, s_lo, s_hi, runs = blocks
+        kmin, qmax, s_lo, s_hi, runs = blocks.unbind()
         wv, ws = host_ints(widths)
         nb = -(-S // blk)
         if wv + ws + 1 <= GRID_LISTS_MAX_WIDTH:

@@ -39,7 +39,13 @@ def direct_enabled() -> bool:
     rt = getattr(knobs, "runtime", None)
     if rt is None:  # a Triton without knobs: its launcher API is not the one used here
         return False
-    return rt.launch_enter_hook is None and rt.launch_exit_hook is None
+    return not (_hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook))
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook is set: Triton's ``HookChain`` (3.4 and later) holds its hooks in
+    ``calls`` and is never None; a plain callable is a hook."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def spec_key(args: tuple) -> tuple:
@@ -78,7 +84,7 @@ def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
         fn[grid](*args, **kwargs)
         return
     device = torch.cuda.current_device()
-    key = (fn, device, spec_key(args), tuple(kwargs.items()))
+    key = (id(fn), device, spec_key(args), tuple(kwargs.items()))
     got = _KERNELS.get(key)
     if got is None:
         kernel = fn[grid](*args, **kwargs)
@@ -89,9 +95,9 @@ def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
         )
         if len(_KERNELS) >= _MAX_KERNELS:  # many shapes seen: start over (entries are cheap)
             _KERNELS.clear()
-        _KERNELS[key] = (kernel, rest)
+        _KERNELS[key] = (kernel, rest, fn)  # fn kept alive: its id stays its own
         return
-    kernel, rest = got
+    kernel, rest, _ = got
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     stream = driver.active.get_current_stream(device)

@@ -22,6 +22,7 @@ the rows' log-sum-exp, and torch folds the rows' slash sums by offset class.
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import NamedTuple
 
 import torch
@@ -418,10 +419,11 @@ def line_scores_triton(
 def _line_folds_fwd_kernel(
     q_ptr,
     k_ptr,
-    m_ptr,
-    l_ptr,
-    acol_ptr,
-    asl_ptr,
+    ws_ptr,
+    off_m,
+    off_l,
+    off_acol,
+    off_asl,
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -452,6 +454,9 @@ def _line_folds_fwd_kernel(
 ):
     # EDGES: chunk 0 walks the segments [0, g_a), chunk 1 [g_b, n_seg) (the interior ones are
     # ``_line_folds_interior_kernel``'s); else chunk c walks seg_per_chunk segments from c.
+    # The partials are regions of one workspace (element offsets off_*: one allocation).
+    m_ptr, l_ptr = ws_ptr + off_m, ws_ptr + off_l
+    acol_ptr, asl_ptr = ws_ptr + off_acol, ws_ptr + off_asl
     pos, b, h, bh = _group_major(H, GROUP)
     t = pos % n_sub
     c = pos // n_sub
@@ -528,9 +533,10 @@ def _line_folds_fwd_kernel(
 def _line_folds_interior_kernel(
     q_ptr,
     k_ptr,
-    m_ptr,
-    l_ptr,
-    a_ptr,
+    ws_ptr,
+    off_m,
+    off_l,
+    off_a,
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -558,6 +564,7 @@ def _line_folds_interior_kernel(
     # ``inside`` test of ``_line_folds_fwd_kernel``): a key's column and diagonal terms are then
     # the same probability, so one accumulator serves both sums (half the registers and half
     # the partials of the general kernel), with no masks.
+    m_ptr, l_ptr, a_ptr = ws_ptr + off_m, ws_ptr + off_l, ws_ptr + off_a
     pos, b, h, bh = _group_major(H, GROUP)
     t = pos % n_sub
     c = pos // n_sub
@@ -604,15 +611,16 @@ def _merge_lse(m_ptr, l_ptr, n, offs_r, mx, tot, BLOCK_L: tl.constexpr):
 
 @triton.jit
 def _line_folds_merge_kernel(
-    m_ptr,
-    l_ptr,
-    acol_ptr,
-    asl_ptr,
-    mi_ptr,
-    li_ptr,
-    ai_ptr,
-    col_ptr,
-    sl_ptr,
+    ws_ptr,
+    off_m,
+    off_l,
+    off_acol,
+    off_asl,
+    off_mi,
+    off_li,
+    off_ai,
+    off_col,
+    off_sl,
     L,
     n_sub,
     n_chunks,
@@ -628,6 +636,10 @@ def _line_folds_merge_kernel(
     # of head bh, then sub-tile t's partial sums weighted by exp2(m_part - M) / sum and added:
     # the group's vertical sums (col[bh, g, t * BLOCK_N + n], summed over groups by the caller)
     # and the per-row slash sums (sl[bh, l, t * BLOCK_N + n]).
+    m_ptr, l_ptr = ws_ptr + off_m, ws_ptr + off_l
+    acol_ptr, asl_ptr = ws_ptr + off_acol, ws_ptr + off_asl
+    mi_ptr, li_ptr, ai_ptr = ws_ptr + off_mi, ws_ptr + off_li, ws_ptr + off_ai
+    col_ptr, sl_ptr = ws_ptr + off_col, ws_ptr + off_sl
     bh = tl.program_id(0)
     t = tl.program_id(1)
     g = tl.program_id(2)
@@ -775,33 +787,34 @@ def _fold_partials(
         num_warps, num_stages, on_interpreter(), _FOLD_INTERIOR, _FOLD_PROGRAMS, _FOLD_SHORT_KEYS,
     )  # fmt: skip
     # One allocation for the partials and the merged sums (each allocation costs host time).
-    buf = torch.empty(f.total, dtype=torch.float32, device=q_rows.device)
-    m, lsum, acol, asl, m_i, l_i, a_i, col, sl = buf.split(f.sizes)
+    ws = torch.empty(f.total, dtype=torch.float32, device=q_rows.device)
+    o = f.offsets  # of m, lsum, acol, asl, m_i, l_i, a_i, col, sl in ws
     strides = (q_rows.stride(0), q_rows.stride(1), q_rows.stride(2))
     strides += (k.stride(0), k.stride(1), k.stride(2))
     sc = scale * LOG2E
     if f.edges:
         launch(
-            _line_folds_interior_kernel, f.grid_i, q_rows, k, m_i, l_i, a_i, *strides, *f.args_i,
-            sc, **f.meta,
+            _line_folds_interior_kernel, f.grid_i, q_rows, k, ws, *o[4:7], *strides, *f.args_i, sc,
+            **f.meta,
         )  # fmt: skip
     launch(
-        _line_folds_fwd_kernel, f.grid, q_rows, k, m, lsum, acol, asl, *strides, *f.args, sc,
+        _line_folds_fwd_kernel, f.grid, q_rows, k, ws, *o[:4], *strides, *f.args, sc,
         EDGES=f.edges, **f.meta,
     )  # fmt: skip
     launch(
-        _line_folds_merge_kernel, f.grid_m, m, lsum, acol, asl, m_i, l_i, a_i, col, sl,
-        *f.args_m, **f.meta_m,
+        _line_folds_merge_kernel, f.grid_m, ws, *o, *f.args_m, **f.meta_m,
     )  # fmt: skip
-    BH, seg_w = B * H, f.seg_w
-    return col.view(BH, f.n_g, seg_w), sl.view(BH, L, seg_w), f.seg
+    BH, n_g, seg_w = B * H, f.n_g, f.seg_w
+    col = ws.as_strided((BH, n_g, seg_w), (n_g * seg_w, seg_w, 1), o[7])
+    sl = ws.as_strided((BH, L, seg_w), (L * seg_w, seg_w, 1), o[8])
+    return col, sl, f.seg
 
 
 class _FoldSetup(NamedTuple):
     """What :func:`_fold_partials` launches with, per shape (:func:`_fold_setup`)."""
 
     total: int
-    sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
     edges: bool
     grid_i: tuple[int, int]
     args_i: tuple[int, ...]
@@ -858,7 +871,7 @@ def _fold_setup(
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return _FoldSetup(
-        total=sum(sizes), sizes=sizes, edges=edges,
+        total=sum(sizes), offsets=tuple(itertools.accumulate(sizes[:-1], initial=0)), edges=edges,
         grid_i=(n_int * n_sub * G, B * H_KV),
         args_i=(H, G, L, row_start, seg, n_sub, per_i, n_int, g_a, g_b),
         grid=(n_chunks * n_sub * G, B * H_KV),

@@ -173,7 +173,11 @@ def grid_blocks_triton(
     if buf is None:
         buf = grid_blocks_buffer(N, S, block, stride.device)
         buf[-2:].zero_()
-    perm, blocks, v_hi, widths = buf.split((N * S, 5 * N * nb, N, 2))
+    at = N * S + 5 * N * nb
+    perm = buf.as_strided((N, S), (S, 1), 0)
+    blocks = buf.as_strided((5, N, nb), (N * nb, nb, 1), N * S)
+    v_hi = buf.as_strided((N,), (1,), at)
+    widths = buf.as_strided((2,), (1,), at + N)
     block_b = triton.next_power_of_2(block)
     bm = max(1, 2048 // block_b)
     steps = max(1, int(max_stride).bit_length())
@@ -182,4 +186,4 @@ def grid_blocks_triton(
         stride, phase, use_vline, use_slash, perm, blocks, v_hi, widths, S, N * nb, nb, block,
         BM=bm, BLOCK_B=block_b, STEPS=steps,
     )  # fmt: skip
-    return perm.view(N, S), blocks.view(5, N, nb), v_hi, widths
+    return perm, blocks, v_hi, widths

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import statistics
 import time
@@ -175,14 +174,14 @@ def main() -> None:
     ]
     print("stages (ms, inclusive, median):", _stages(fn, targets, a.rep))
     # The estimation as bench_grid.py times it (CUDA events around plan_layer + run split), with
-    # the direct launch path and without it (SPARSE_KERNELS_DIRECT_LAUNCH=0), in this process.
+    # the direct launch path and without it (launch.DIRECT = False), in this process.
+    from sparse_kernels._triton import launch as launch_mod
     from sparse_kernels.benchmarking import cuda_time_ms
 
     est = {}
-    for mode in ("1", "0", "1"):
-        os.environ["SPARSE_KERNELS_DIRECT_LAUNCH"] = mode
+    for mode in (True, False, True):
+        launch_mod.DIRECT = mode
         est.setdefault(f"direct={mode}", []).append(round(cuda_time_ms(fn, warmup=3, rep=30), 4))
-    os.environ.pop("SPARSE_KERNELS_DIRECT_LAUNCH")
     print("estimation ms (CUDA events, median of 30):", est)
     pr = cProfile.Profile()
     torch.cuda.synchronize()

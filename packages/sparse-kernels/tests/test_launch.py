@@ -21,7 +21,7 @@ def _axpy(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr, NEG: tl.constexp
 
 def _run(x, y, n, alpha, **kw) -> torch.Tensor:
     out = torch.full_like(x, -7.0)
-    L.launch(_axpy, (triton.cdiv(max(n, 1), 64),), x, y, out, n, alpha, BLOCK=64, **kw)
+    L.launch(_axpy, (triton.cdiv(max(n, 1), 64),), (x, y, out), (n, alpha), BLOCK=64, **kw)
     return out
 
 
@@ -34,21 +34,23 @@ def _gold(x, y, n, alpha, neg=False) -> torch.Tensor:
 
 def test_spec_key_separates_what_triton_specializes_on():
     base = torch.zeros(64, dtype=torch.float32)
-    key = L.spec_key
+
+    def key(tensors=(), scalars=()):
+        return L.spec_key(tensors, scalars)
+
     assert key((base,)) == key((torch.zeros(64, dtype=torch.float32),))  # data apart
     assert key((base,)) != key((base[1:],))  # address modulo 16 bytes
     assert key((base,)) != key((base.half(),))  # dtype
-    assert key((1,)) != key((2,)) and key((16,)) != key((32,))  # int values
-    assert key((1,)) != key((True,)) and key((1,)) != key((1.0,))  # types apart
-    assert key((0.5,)) == key((0.5,))
-    assert key((None,)) != key((0,))
+    assert key(scalars=(1,)) != key(scalars=(2,)) and key(scalars=(16,)) != key(scalars=(32,))
+    assert key(scalars=(1,)) != key(scalars=(True,))  # equal values, types apart
+    assert key(scalars=(1,)) != key(scalars=(1.0,))
+    assert key(scalars=(0.5,)) == key(scalars=(0.5,))
 
 
 def test_direct_path_is_off_under_the_interpreter_and_on_request(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not L.direct_enabled()
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setenv("SPARSE_KERNELS_DIRECT_LAUNCH", "0")
+    if DEV == "cpu":  # the CPU tests run the interpreter: its kernels are not JITFunctions
+        assert not isinstance(_axpy, L.JITFunction)
+    monkeypatch.setattr(L, "DIRECT", False)
     assert not L.direct_enabled()
 
 
@@ -71,7 +73,7 @@ def test_launch_computes_what_the_kernel_computes():
 
 @pytest.mark.gpu
 def test_direct_launch_keys_and_results_gpu(monkeypatch):
-    monkeypatch.setenv("SPARSE_KERNELS_DIRECT_LAUNCH", "1")
+    monkeypatch.setattr(L, "DIRECT", True)
     assert L.direct_enabled()
     L._KERNELS.clear()
     x = torch.randn(4096, device="cuda")
@@ -105,7 +107,7 @@ def test_direct_and_standard_launch_agree_on_the_planner_kernels_gpu(monkeypatch
     k = torch.randn(1, 2, 4096, 64, device="cuda", dtype=torch.float16)
     kw = dict(period=32, lo=64, hi=4000, strides=[4, 8, 16, 32], scale=0.125, impl="triton")
     got = [line_fold_search(q, k, 4032, **kw) for _ in range(3)]  # standard, then direct
-    monkeypatch.setenv("SPARSE_KERNELS_DIRECT_LAUNCH", "0")
+    monkeypatch.setattr(L, "DIRECT", False)
     ref = line_fold_search(q, k, 4032, **kw)
     for g in got:
         for a, b in zip(g, ref, strict=True):

@@ -8,18 +8,19 @@ about 0.3 ms). :func:`launch` makes the first launch of each specialization thro
 then launches it directly through the compiled kernel's launcher (the call ``JITFunction.run``
 itself makes, and the one PyTorch Inductor makes): about 7 us.
 
-The key is a superset of Triton's: per tensor its dtype and its address modulo 16 bytes; per
-int, float or bool its type and value (Triton specializes ints on being 1, on divisibility by
-16 and on their width); the keyword arguments (constexprs and launch options); the device. Equal keys therefore mean the same compiled kernel. The direct path is off under the
-interpreter, while a Triton launch hook is set (profilers read what ``run`` passes them), and
-with ``SPARSE_KERNELS_DIRECT_LAUNCH=0``; then every launch is ``fn[grid]``.
+The key is a superset of Triton's: per tensor its dtype and its address modulo 16 bytes; the
+scalars' values and types (Triton specializes ints on being 1, on divisibility by 16 and on
+their width); the keyword arguments (constexprs and launch options); the device. Equal keys
+therefore mean the same compiled kernel. The direct path is off under the interpreter (its
+kernels are not ``JITFunction``s), while a Triton launch hook is set (profilers read what
+``run`` passes them) and with ``DIRECT = False`` (``SPARSE_KERNELS_DIRECT_LAUNCH=0`` at
+import); then every launch is ``fn[grid]``.
 """
 
 from __future__ import annotations
 
 import os
 
-import torch
 import triton
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
@@ -27,19 +28,18 @@ from triton.runtime.jit import JITFunction
 _KERNELS: dict[tuple, tuple] = {}
 _MAX_KERNELS = 4096
 _PARAMS: dict[int, tuple] = {}
+# False: every launch through ``fn[grid]`` (``SPARSE_KERNELS_DIRECT_LAUNCH=0`` at import).
+DIRECT = os.environ.get("SPARSE_KERNELS_DIRECT_LAUNCH", "1") != "0"
+_RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
+_CURRENT = None  # Triton's (current device, current stream) getters, looked up once
 
 
 def direct_enabled() -> bool:
-    """Whether :func:`launch` may bypass ``JITFunction.run`` (see the module docstring)."""
-    from .._validate import interpreter_enabled
-
-    if interpreter_enabled() or os.environ.get("SPARSE_KERNELS_DIRECT_LAUNCH", "1") == "0":
+    """Whether :func:`launch` may bypass ``JITFunction.run`` (see the module docstring; under
+    the interpreter the kernels are not ``JITFunction``s, and every launch is ``fn[grid]``)."""
+    if not DIRECT or _RUNTIME is None:  # (a Triton without knobs: another launcher API)
         return False
-    knobs = getattr(triton, "knobs", None)
-    rt = getattr(knobs, "runtime", None)
-    if rt is None:  # a Triton without knobs: its launcher API is not the one used here
-        return False
-    return not (_hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook))
+    return not (_hooked(_RUNTIME.launch_enter_hook) or _hooked(_RUNTIME.launch_exit_hook))
 
 
 def _hooked(hook) -> bool:
@@ -48,20 +48,13 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def spec_key(args: tuple) -> tuple:
-    """What Triton may specialize a kernel on in its positional arguments, as a superset (see
-    the module docstring): per tensor its dtype and address modulo 16, per int its value, per
-    other value its type and value."""
-    T = torch.Tensor
-    return tuple(
-        [
-            (a.dtype, a.data_ptr() & 15)
-            if isinstance(a, T)
-            else a
-            if type(a) is int
-            else (type(a), a)
-            for a in args
-        ]
+def spec_key(tensors: tuple, scalars: tuple) -> tuple:
+    """What Triton may specialize a kernel on in its arguments, as a superset (see the module
+    docstring): per tensor its dtype and address modulo 16; the scalars' values and types."""
+    return (
+        tuple([(t.dtype, t.data_ptr() & 15) for t in tensors]),
+        scalars,
+        tuple(map(type, scalars)),
     )
 
 
@@ -76,23 +69,27 @@ def _params(fn: JITFunction) -> tuple:
     return got[1:]
 
 
-def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
-    """``fn[grid](*args, **kwargs)``, launched directly when :func:`direct_enabled` (see the
-    module docstring). ``args``: every runtime argument, positionally; ``kwargs``: constexprs
-    by name and launch options (``num_warps``, ``num_stages``)."""
+def launch(fn, grid: tuple[int, ...], tensors: tuple, scalars: tuple, **kwargs) -> None:
+    """``fn[grid](*tensors, *scalars, **kwargs)``, launched directly when
+    :func:`direct_enabled` (see the module docstring). ``tensors``: the kernel's leading
+    arguments (tensors, or None); ``scalars``: the runtime arguments after them (ints, floats,
+    bools), each position always of one type; ``kwargs``: constexprs by name and launch
+    options (``num_warps``, ``num_stages``)."""
+    global _CURRENT
     if not isinstance(fn, JITFunction) or not direct_enabled():
-        fn[grid](*args, **kwargs)
+        fn[grid](*tensors, *scalars, **kwargs)
         return
-    device = torch.cuda.current_device()
-    key = (id(fn), device, spec_key(args), tuple(kwargs.items()))
+    if _CURRENT is None:
+        _CURRENT = (driver.active.get_current_device, driver.active.get_current_stream)
+    device = _CURRENT[0]()
+    key = (id(fn), device, spec_key(tensors, scalars), tuple(kwargs.items()))
     got = _KERNELS.get(key)
     if got is None:
-        kernel = fn[grid](*args, **kwargs)
+        kernel = fn[grid](*tensors, *scalars, **kwargs)
         kernel = kernel.result() if hasattr(kernel, "result") else kernel
         names, defaults = _params(fn)
-        rest = tuple(
-            kwargs.get(n, d) for n, d in zip(names[len(args) :], defaults[len(args) :], strict=True)
-        )
+        n = len(tensors) + len(scalars)
+        rest = tuple(kwargs.get(k, d) for k, d in zip(names[n:], defaults[n:], strict=True))
         if len(_KERNELS) >= _MAX_KERNELS:  # many shapes seen: start over (entries are cheap)
             _KERNELS.clear()
         _KERNELS[key] = (kernel, rest, fn)  # fn kept alive: its id stays its own
@@ -100,8 +97,7 @@ def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
     kernel, rest, _ = got
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
-    stream = driver.active.get_current_stream(device)
     kernel.run(
-        grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None,
-        *args, *rest,
+        grid[0], g1, g2, _CURRENT[1](device), kernel.function, kernel.packed_metadata, None,
+        None, None, *tensors, *scalars, *rest,
     )  # fmt: skip

@@ -794,15 +794,15 @@ def _fold_partials(
     sc = scale * LOG2E
     if f.edges:
         launch(
-            _line_folds_interior_kernel, f.grid_i, q_rows, k, ws, *o[4:7], *strides, *f.args_i, sc,
-            **f.meta,
+            _line_folds_interior_kernel, f.grid_i, (q_rows, k, ws),
+            (*o[4:7], *strides, *f.args_i, sc), **f.meta,
         )  # fmt: skip
     launch(
-        _line_folds_fwd_kernel, f.grid, q_rows, k, ws, *o[:4], *strides, *f.args, sc,
+        _line_folds_fwd_kernel, f.grid, (q_rows, k, ws), (*o[:4], *strides, *f.args, sc),
         EDGES=f.edges, **f.meta,
     )  # fmt: skip
     launch(
-        _line_folds_merge_kernel, f.grid_m, ws, *o, *f.args_m, **f.meta_m,
+        _line_folds_merge_kernel, f.grid_m, (ws,), (*o, *f.args_m), **f.meta_m,
     )  # fmt: skip
     BH, n_g, seg_w = B * H, f.n_g, f.seg_w
     col = ws.as_strided((BH, n_g, seg_w), (n_g * seg_w, seg_w, 1), o[7])
@@ -1026,9 +1026,10 @@ def _search_partials(
     if n_zero > block_p:
         raise ValueError(f"zero: expected at most {block_p} entries, got {n_zero}")
     launch(
-        _fold_search_kernel, (BH,), col, sl, scratch, strides, st, ph, score,
-        score if zero is None else zero, n_zero, n_g, seg_w, seg // P, L, row_start % P, P,
-        strides.shape[0], _keep(rel_tol), **meta,
+        _fold_search_kernel, (BH,),
+        (col, sl, scratch, strides, st, ph, score, score if zero is None else zero),
+        (n_zero, n_g, seg_w, seg // P, L, row_start % P, P, strides.shape[0], _keep(rel_tol)),
+        **meta,
     )  # fmt: skip
     return st, ph, score
 

@@ -183,7 +183,7 @@ def grid_blocks_triton(
     steps = max(1, int(max_stride).bit_length())
     launch(
         _grid_blocks_kernel, (triton.cdiv(nb, bm), N),
-        stride, phase, use_vline, use_slash, perm, blocks, v_hi, widths, S, N * nb, nb, block,
+        (stride, phase, use_vline, use_slash, perm, blocks, v_hi, widths), (S, N * nb, nb, block),
         BM=bm, BLOCK_B=block_b, STEPS=steps,
     )  # fmt: skip
     return perm, blocks, v_hi, widths

@@ -109,9 +109,9 @@ def launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, wv: int, ws: int, nkb: int, 
     args = (lists[1], counts[1], lists[2], counts[2]) if split else (lists[0], counts[0]) * 2
     launch(
         _grid_lists_kernel, (triton.cdiv(nqb, block_r), N),
-        v_hi.contiguous(), s_lo.contiguous(), s_hi.contiguous(), kmin.contiguous(),
-        qmax.contiguous(), lists[0], counts[0], runs if split else counts[0], *args, nqb, nkb,
-        wv, ws, BLOCK_R=block_r, BLOCK_W=block_w, SPLIT=split,
+        (v_hi.contiguous(), s_lo.contiguous(), s_hi.contiguous(), kmin.contiguous(),
+         qmax.contiguous(), lists[0], counts[0], runs if split else counts[0], *args),
+        (nqb, nkb, wv, ws), BLOCK_R=block_r, BLOCK_W=block_w, SPLIT=split,
     )  # fmt: skip
     if not split:
         return lists[0], counts[0]

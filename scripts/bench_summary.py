@@ -13,6 +13,7 @@ for path in sys.argv[1:]:
                 "useful_tflops",
                 "config",
                 "estimation_ms",
+                "estimation_quartiles_ms",
                 "plan_ms",
                 "run_fraction",
                 "segments",

@@ -128,6 +128,36 @@ def _launch_costs() -> dict:
     return out
 
 
+def _timeline(fn) -> list[str]:
+    """The GPU kernels and the host's launch and synchronisation calls of one ``fn()`` (the
+    third of three profiled calls), in time order, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(3):
+            torch.cuda.synchronize()
+            with record_function(f"call{i}"):
+                fn()
+            torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.name == "call2"]
+    t0, t1 = events[0].time_range.start, events[0].time_range.end
+    rows = []
+    for e in prof.events():
+        start = e.time_range.start
+        on_gpu = e.device_type == torch.autograd.DeviceType.CUDA
+        host_api = e.name.startswith(("cuLaunch", "cudaLaunch", "cudaMemcpy", "cudaStreamSync"))
+        if (on_gpu or host_api) and t0 <= start <= t1 + 2000:
+            where = "gpu " if on_gpu else "host"
+            rows.append(
+                (
+                    start,
+                    f"{where} {start - t0:8.1f} +{e.time_range.elapsed_us():7.1f}  {e.name[:60]}",
+                )
+            )
+    rows.append((t1, f"host {t1 - t0:8.1f}  end of the call"))
+    return [r for _, r in sorted(rows)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=131072)
@@ -183,6 +213,9 @@ def main() -> None:
         launch_mod.DIRECT = mode
         est.setdefault(f"direct={mode}", []).append(round(cuda_time_ms(fn, warmup=3, rep=30), 4))
     print("estimation ms (CUDA events, median of 30):", est)
+    print("one call on the timeline (us from its start; host: launches and syncs):")
+    for line in _timeline(fn):
+        print("  ", line)
     pr = cProfile.Profile()
     torch.cuda.synchronize()
     pr.enable()

@@ -26,6 +26,8 @@ def _run(x, y, n, alpha, **kw) -> torch.Tensor:
 
 
 def _gold(x, y, n, alpha, neg=False) -> torch.Tensor:
+    # alpha: a power of two, so that alpha * x is exact and the kernel's fused multiply-add
+    # rounds like torch's multiply then add.
     out = torch.full_like(x, -7.0)
     v = alpha * x[:n] + y[:n]
     out[:n] = -v if neg else v
@@ -83,8 +85,8 @@ def test_direct_launch_keys_and_results_gpu(monkeypatch):
         (x * 2, y, 4096, 0.5),  # same key, other data: the direct path
         (x[1:], y[1:], 4095, 0.5),  # unaligned: a new key (Triton specializes on alignment)
         (x[1:], y[1:], 1, 0.5),  # n == 1: a new key (Triton specializes ints equal to 1)
-        (x, y, 4096, -3.0),  # another float: a new key, the same kernel
-        (x, y, 4096, -3.0),  # direct again
+        (x, y, 4096, -4.0),  # another float: a new key, the same kernel
+        (x, y, 4096, -4.0),  # direct again
     ]
     for i, (a, b, n, alpha) in enumerate(calls):
         got = _run(a, b, n, alpha)

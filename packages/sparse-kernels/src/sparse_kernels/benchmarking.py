@@ -46,6 +46,13 @@ def attention_flops(B: int, H: int, pairs: int, D: int) -> float:
 
 def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 3, rep: int = 10) -> float:
     """Median wall time of ``fn`` on the GPU in ms, measured with CUDA events."""
+    times = cuda_times_ms(fn, warmup=warmup, rep=rep)
+    return times[len(times) // 2]
+
+
+def cuda_times_ms(fn: Callable[[], object], *, warmup: int = 3, rep: int = 10) -> list[float]:
+    """The ``rep`` wall times of ``fn`` on the GPU in ms (CUDA events, the GPU idle at each
+    start), sorted."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -58,8 +65,7 @@ def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 3, rep: int = 10) ->
         e.record()
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2]
+    return sorted(times)
 
 
 def run_benchmark(benchmark, fn: Callable[[], object], *, rounds: int = 10, warmup_rounds: int = 2):

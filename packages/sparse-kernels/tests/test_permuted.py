@@ -954,6 +954,10 @@ def _grid_blocks_reference(S, stride, phase, vline, slash, blk):
         pytest.param(1000, [24, 12, 7, 1], [23, 40, 3, 0], 32, id="phase-past-stride-stride1"),
         pytest.param(777, [7, 7, 256], [2, 6, 100], 48, id="blk48-stride-past-blk"),
         pytest.param(300, [3, 5], [1, 4], 128, id="one-block-per-line-many-lines"),
+        # Lines at least a block long (the one-search-per-block path): exactly one block, and
+        # one block plus a remainder spread over the first lines.
+        pytest.param(1024, [16, 16, 8], [0, 15, 3], 64, id="lines-exactly-one-block"),
+        pytest.param(1100, [16, 4, 1], [9, 2, 0], 64, id="lines-past-one-block"),
     ],
 )
 def test_grid_blocks_triton_equals_the_reference_index(S, strides, phases, blk):

@@ -86,6 +86,9 @@ def normalize_head_configs(head_config, H: int) -> list[HeadConfig]:
         raise ValueError(
             f"head_config: expected {H} entries (one per query head), got {len(head_config)}"
         )
+    c0 = head_config[0] if H else None
+    if isinstance(c0, HeadConfig) and all(c is c0 for c in head_config):
+        return list(head_config)  # one config for every head (checked once)
     out = []
     for h, c in enumerate(head_config):
         if not isinstance(c, HeadConfig):
@@ -290,13 +293,14 @@ def _folds_fit(P: int, S: int) -> bool:
 
 def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
     dev = ctx.q.device
-    L = max(c.pattern.last_q for c in cfgs)
+    one = all(c is cfgs[0] for c in cfgs)  # one config object for every head (the usual layer)
+    L = cfgs[0].pattern.last_q if one else max(c.pattern.last_q for c in cfgs)
     N = ctx.B * len(hs)
     # Heads sharing a stride space are searched together (a loop over distinct spaces, not heads).
     spaces: dict[tuple[int, ...], list[int]] = {}
     Hg = len(cfgs)
     made: dict[int, tuple[int, ...]] = {}  # per config object: a layer repeats one config
-    for i, cfg in enumerate(cfgs):
+    for i, cfg in enumerate(cfgs[:1] if one else cfgs):
         sp = made.get(id(cfg))
         if sp is None:
             c = cfg.pattern
@@ -312,7 +316,7 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
                 f"Grid head {i}: expected a stride space with at least one stride <= S/4, got none "
                 f"for S={ctx.S} and tokens_per_frame={ctx.layout.tokens_per_frame}"
             )
-        spaces.setdefault(sp, []).extend(range(i, N, Hg))
+        spaces.setdefault(sp, []).extend(range(N) if one else range(i, N, Hg))
     if _fused_grid_fits(ctx, hs, cfgs, spaces, L):
         return _plan_grid_fused(ctx, cfgs, next(iter(spaces)), L)
     stride = torch.zeros(N, dtype=torch.int64, device=dev)
@@ -427,18 +431,19 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
         S, st, ph, flags[0], flags[1], blk, max(sp), buf=buf
     )
 
-    def lists():
-        from sparse_kernels.permuted.lists_triton import GRID_LISTS_MAX_WIDTH, launch_grid_lists
-        from sparse_kernels.permuted.perms import host_ints
+    from sparse_kernels.permuted.lists_triton import GRID_LISTS_MAX_WIDTH, launch_grid_lists
+    from sparse_kernels.permuted.perms import host_ints
 
-        kmin, qmax, s_lo, s_hi, runs = blocks.unbind()
+    kmin, qmax, s_lo, s_hi, runs = blocks.unbind()  # before the read: less host time after it
+    nb = -(-S // blk)
+
+    def lists():
         wv, ws = host_ints(widths)
-        nb = -(-S // blk)
         if wv + ws + 1 <= GRID_LISTS_MAX_WIDTH:
             return launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb, runs=runs)
         return (*grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb), None)
 
-    meta = {"stride": st, "phase": ph, "kv_runs": blocks[4], "lists": lists}
+    meta = {"stride": st, "phase": ph, "kv_runs": runs, "lists": lists}
     return None, None, perm, perm, meta
 
 

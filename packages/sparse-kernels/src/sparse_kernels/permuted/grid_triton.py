@@ -95,7 +95,10 @@ def _grid_blocks_kernel(
     BM: tl.constexpr,
     BLOCK_B: tl.constexpr,
     STEPS: tl.constexpr,
+    TWO_LINES: tl.constexpr,
 ):
+    # TWO_LINES: every line is at least blk long (S // stride >= blk), so a block touches at
+    # most two: one binary search per block (its first position) instead of one per position.
     # Program (run of BM blocks of blk permuted positions, head n): the permutation of those
     # positions (as in ``_grid_permutation_fwd_kernel``) and, per block, what the Grid block
     # lists need: the smallest and largest original index, the first block of the first line it
@@ -113,7 +116,13 @@ def _grid_blocks_kernel(
     u = tl.arange(0, BLOCK_B)
     p = m[:, None] * blk + u[None, :]
     ok = (u[None, :] < blk) & (p < S)
-    lo, val = _line_and_token(p, ph, st, q, r, STEPS)
+    if TWO_LINES:
+        lo0, _ = _line_and_token(m * blk, ph, st, q, r, STEPS)  # m * blk < S or masked below
+        lo = lo0[:, None] + (p >= _line_start(lo0 + 1, ph, st, q, r)[:, None]).to(tl.int32)
+        first = tl.where(ph + lo < st, ph + lo, ph + lo - st)
+        val = first + st * (p - _line_start(lo, ph, st, q, r))
+    else:
+        lo, val = _line_and_token(p, ph, st, q, r, STEPS)
     row = n.to(tl.int64) * S
     tl.store(perm_ptr + row + p, val, mask=ok)
     big = 2147483647
@@ -184,6 +193,6 @@ def grid_blocks_triton(
     launch(
         _grid_blocks_kernel, (triton.cdiv(nb, bm), N),
         (stride, phase, use_vline, use_slash, perm, blocks, v_hi, widths), (S, N * nb, nb, block),
-        BM=bm, BLOCK_B=block_b, STEPS=steps,
+        BM=bm, BLOCK_B=block_b, STEPS=steps, TWO_LINES=S // max_stride >= block,
     )  # fmt: skip
     return perm, blocks, v_hi, widths

@@ -426,7 +426,13 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     st, ph, _ = _search_partials(
         col, sl, seg, P, S - n, stride_vector(sp, dev), 0.15, zero=buf[-2:]
     )
-    flags = _head_flags(tuple((c.pattern.use_vline, c.pattern.use_slash) for c in cfgs), ctx.B, dev)
+    c0 = cfgs[0].pattern
+    per_head = (
+        ((c0.use_vline, c0.use_slash),) * len(cfgs)
+        if all(c is cfgs[0] for c in cfgs)
+        else tuple((c.pattern.use_vline, c.pattern.use_slash) for c in cfgs)
+    )
+    flags = _head_flags(per_head, ctx.B, dev)
     perm, blocks, v_hi, widths = grid_blocks_triton(
         S, st, ph, flags[0], flags[1], blk, max(sp), buf=buf
     )

@@ -6,7 +6,7 @@ on an H100 host, which a 128K-token Grid estimation of six launches notices (its
 about 0.3 ms). :func:`launch` makes the first launch of each specialization through
 ``fn[grid]`` and keeps the compiled kernel under a key of everything Triton specializes on,
 then launches it directly through the compiled kernel's launcher (the call ``JITFunction.run``
-itself makes, and the one PyTorch Inductor makes): about 7 us.
+itself makes, and the one PyTorch Inductor makes): 7-12 us on the same hosts.
 
 The key is a superset of Triton's: per tensor its dtype and its address modulo 16 bytes; the
 scalars' values and types (Triton specializes ints on being 1, on divisibility by 16 and on
@@ -72,7 +72,7 @@ def _params(fn: JITFunction) -> tuple:
 def launch(fn, grid: tuple[int, ...], tensors: tuple, scalars: tuple, **kwargs) -> None:
     """``fn[grid](*tensors, *scalars, **kwargs)``, launched directly when
     :func:`direct_enabled` (see the module docstring). ``tensors``: the kernel's leading
-    arguments (tensors, or None); ``scalars``: the runtime arguments after them (ints, floats,
+    arguments (tensors); ``scalars``: the runtime arguments after them (ints, floats,
     bools), each position always of one type; ``kwargs``: constexprs by name and launch
     options (``num_warps``, ``num_stages``)."""
     global _CURRENT

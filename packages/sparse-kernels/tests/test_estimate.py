@@ -206,6 +206,25 @@ def test_line_folds_interior_kernel_takes_exactly_the_inside_segments(monkeypatc
     _check_folds(1, 4, 2, 16, 700, 32, 684, 32, 32, 672, 16, torch.float16)
 
 
+@pytest.mark.parametrize("heads", [1, 2, 4], ids=lambda h: f"hp{h}")
+def test_line_folds_interior_kernel_shares_key_tiles_across_query_heads(monkeypatch, heads):
+    """The interior kernel with ``heads`` query heads of a KV group per program: groups of 3
+    (the last slot's rows past the group masked), 2 KV heads, 2 batch rows, against the
+    reference; and the default setting's choice for this shape."""
+    from sparse_kernels.estimate import triton as est
+
+    monkeypatch.setattr(est, "_FOLD_HEADS", heads)
+    _check_folds(2, 6, 2, 16, 700, 32, 684, 32, 32, 672, 16, torch.float16)
+    f = est._fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
+                        True, 1024, 262144, heads)  # fmt: skip
+    assert f.edges and f.meta_i["HP"] == heads
+    assert f.grid_i[1] == 4 and f.grid_i[0] % -(-3 // heads) == 0
+    monkeypatch.setattr(est, "_FOLD_HEADS", 0)
+    f = est._fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
+                        True, 1024, 262144, 0)  # fmt: skip
+    assert f.meta_i["HP"] == 4  # the group of 3 rounded up to a power of two
+
+
 def test_line_folds_reference_is_the_fold_of_line_scores():
     """The folds' reference against a direct per-position sum of the line scores' reference."""
     g = torch.Generator().manual_seed(4)

@@ -55,6 +55,8 @@ _FOLD_SHORT_KEYS = 262144
 # Segments whose tiles are all inside the window go to ``_line_folds_interior_kernel`` (one
 # accumulator); False: every segment through the general kernel (tests and timings compare).
 _FOLD_INTERIOR = True
+# Query heads of one KV group per interior program (0: the default of ``_fold_setup``).
+_FOLD_HEADS = 0
 
 
 def _prune_lines(configs_, named_args, **kwargs):
@@ -545,6 +547,7 @@ def _line_folds_interior_kernel(
     stride_k_s,
     H,
     GROUP,
+    n_slots,
     L,
     row_start,
     seg,
@@ -558,26 +561,47 @@ def _line_folds_interior_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HP: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     # The segments [g_a, g_b), whose every tile is inside the window for every row (see the
     # ``inside`` test of ``_line_folds_fwd_kernel``): a key's column and diagonal terms are then
     # the same probability, so one accumulator serves both sums (half the registers and half
     # the partials of the general kernel), with no masks.
+    # A program takes HP query heads of one KV group (slot s of the group's n_slots: heads
+    # s * HP .. of it, rows past the group's end masked) stacked as HP * BLOCK_L rows, so each
+    # key tile is read once for all of them: with one head per program, the key reads from L2
+    # bound the pass.
     m_ptr, l_ptr, a_ptr = ws_ptr + off_m, ws_ptr + off_l, ws_ptr + off_a
-    pos, b, h, bh = _group_major(H, GROUP)
+    pid = tl.program_id(0)
+    bkv = tl.program_id(1)
+    H_KV = H // GROUP
+    b = bkv // H_KV
+    slot = pid % n_slots
+    pos = pid // n_slots
     t = pos % n_sub
     c = pos // n_sub
-    offs_l = tl.arange(0, BLOCK_L)
+    ROWS: tl.constexpr = HP * BLOCK_L
+    offs_r = tl.arange(0, ROWS)
+    offs_l = offs_r % BLOCK_L
+    g_in = slot * HP + offs_r // BLOCK_L  # the row's head within its KV group
+    live = g_in < GROUP
+    h = (bkv % H_KV) * GROUP + g_in
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    q, kb = _rows_and_keys(
-        q_ptr, k_ptr, b, h, GROUP, L, stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h,
-        offs_l, offs_d, D,
-    )  # fmt: skip
-    m_i = tl.full([BLOCK_L], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_L], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_L, BLOCK_N], dtype=tl.float32)
+    q = tl.load(
+        q_ptr
+        + b.to(tl.int64) * stride_q_b
+        + h.to(tl.int64)[:, None] * stride_q_h
+        + offs_l[:, None] * stride_q_s
+        + offs_d[None, :],
+        mask=live[:, None] & (offs_d[None, :] < D),
+        other=0.0,
+    )
+    kb = k_ptr + b.to(tl.int64) * stride_k_b + (bkv % H_KV).to(tl.int64) * stride_k_h
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     g_lo = g_a + c * seg_per_chunk
     g_hi = tl.minimum(g_lo + seg_per_chunk, g_b)
     for g in range(g_lo, g_hi):
@@ -589,11 +613,15 @@ def _line_folds_interior_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + p
         m_i = m_new
-    part = (bh * n_sub + t) * n_chunks + c
-    tl.store(m_ptr + part * BLOCK_L + offs_l, m_i)
-    tl.store(l_ptr + part * BLOCK_L + offs_l, l_i)
-    at = part.to(tl.int64) * (BLOCK_L * BLOCK_N) + offs_l[:, None] * BLOCK_N + offs_n[None, :]
-    tl.store(a_ptr + at, acc)
+    part = ((b * H + h) * n_sub + t) * n_chunks + c
+    tl.store(m_ptr + part * BLOCK_L + offs_l, m_i, mask=live)
+    tl.store(l_ptr + part * BLOCK_L + offs_l, l_i, mask=live)
+    at = (
+        part.to(tl.int64)[:, None] * (BLOCK_L * BLOCK_N)
+        + offs_l[:, None] * BLOCK_N
+        + offs_n[None, :]
+    )
+    tl.store(a_ptr + at, acc, mask=live[:, None])
 
 
 @triton.jit
@@ -785,6 +813,7 @@ def _fold_partials(
     f = _fold_setup(
         B, H, H_KV, L, D, S, row_start, period, lo, hi, q_rows.dtype == torch.float32, block_n,
         num_warps, num_stages, on_interpreter(), _FOLD_INTERIOR, _FOLD_PROGRAMS, _FOLD_SHORT_KEYS,
+        _FOLD_HEADS,
     )  # fmt: skip
     # One allocation for the partials and the merged sums (each allocation costs host time).
     ws = torch.empty(f.total, dtype=torch.float32, device=q_rows.device)
@@ -795,7 +824,7 @@ def _fold_partials(
     if f.edges:
         launch(
             _line_folds_interior_kernel, f.grid_i, (q_rows, k, ws),
-            (*o[4:7], *strides, *f.args_i, sc), **f.meta,
+            (*o[4:7], *strides, *f.args_i, sc), **f.meta_i,
         )  # fmt: skip
     launch(
         _line_folds_fwd_kernel, f.grid, (q_rows, k, ws), (*o[:4], *strides, *f.args, sc),
@@ -818,6 +847,7 @@ class _FoldSetup(NamedTuple):
     edges: bool
     grid_i: tuple[int, int]
     args_i: tuple[int, ...]
+    meta_i: dict
     grid: tuple[int, int]
     args: tuple[int, ...]
     meta: dict
@@ -832,27 +862,39 @@ class _FoldSetup(NamedTuple):
 @functools.lru_cache(maxsize=64)
 def _fold_setup(
     B, H, H_KV, L, D, S, row_start, period, lo, hi, fp32, block_n, num_warps, num_stages,
-    interp, interior, programs, short,
+    interp, interior, programs, short, heads,
 ) -> _FoldSetup:  # fmt: skip
     """The launch settings of :func:`_fold_partials` per shape. The module's switches
     ``_FOLD_INTERIOR``, ``_FOLD_PROGRAMS`` and ``_FOLD_SHORT_KEYS`` (read by ``_interior`` and
-    ``_chunks``) are in the cache key as ``interior``, ``programs`` and ``short``: tests and
-    timings change them."""
+    ``_chunks``) are in the cache key as ``interior``, ``programs`` and ``short``, and
+    ``_FOLD_HEADS`` is ``heads``: tests and timings change them."""
     del interior, programs, short
     BLOCK_L = max(16, triton.next_power_of_2(L))
+    block_n_given, warps_given = block_n, num_warps
     if block_n is None:
         # fp32 goes through exact (FMA-emulated) dots: a narrow tile, as in the other kernels.
         block_n = FP32_CONFIG["BLOCK_N"] if fp32 else _FOLD_BLOCK_N
         if BLOCK_L > 64:
             block_n = min(block_n, 64)
+    G = H // H_KV
+    # Query heads of a KV group per interior program (they share each key tile): by default
+    # as many as fit 256 rows (fp32's exact dots: one), then tiles narrow enough to keep the
+    # accumulator in registers.
+    hp = heads if heads else (1 if fp32 else min(triton.next_power_of_2(G), max(1, 256 // BLOCK_L)))
+    rows = hp * BLOCK_L
+    if block_n_given is None and rows > 64:
+        block_n = min(block_n, 64 if rows <= 256 else 32)
     if num_warps is None:
         num_warps = 8 if BLOCK_L > 64 else 4
+    warps_i = num_warps if warps_given is not None else (8 if rows > 64 else 4)
     n_keys = min(S, row_start + L)
     BH = B * H
     seg, n_sub, n_seg, per, n_chunks = _fold_plan(period, n_keys, BH, block_n)
     g_a, g_b = _interior(seg, n_sub, block_n, L, BLOCK_L, row_start, lo, hi)
     edges = g_b > g_a
-    per_i, n_int = _chunks(g_b - g_a, n_sub * BH, n_keys) if edges else (1, 0)
+    n_slots = triton.cdiv(G, hp)
+    lanes_i = n_sub * B * H_KV * n_slots
+    per_i, n_int = _chunks(g_b - g_a, lanes_i, n_keys) if edges else (1, 0)
     if edges:  # the general kernel walks the segments outside [g_a, g_b): two runs
         per, n_chunks = 1, 2
     n_part, n_ipart = n_sub * n_chunks, n_sub * n_int
@@ -863,7 +905,6 @@ def _fold_setup(
     sizes = (BH * n_part * BLOCK_L,) * 2 + (BH * n_part * tile,) * 2
     sizes += (BH * n_ipart * BLOCK_L,) * 2 + (BH * n_ipart * tile,)
     sizes += (BH * n_g * seg_w, BH * L * seg_w)
-    G = H // H_KV
     if num_stages is None:
         num_stages = 1 if interp else 2
     meta = dict(
@@ -872,8 +913,9 @@ def _fold_setup(
     )  # fmt: skip
     return _FoldSetup(
         total=sum(sizes), offsets=tuple(itertools.accumulate(sizes[:-1], initial=0)), edges=edges,
-        grid_i=(n_int * n_sub * G, B * H_KV),
-        args_i=(H, G, L, row_start, seg, n_sub, per_i, n_int, g_a, g_b),
+        grid_i=(n_int * n_sub * n_slots, B * H_KV),
+        args_i=(H, G, n_slots, L, row_start, seg, n_sub, per_i, n_int, g_a, g_b),
+        meta_i={**meta, "HP": hp, "num_warps": warps_i},
         grid=(n_chunks * n_sub * G, B * H_KV),
         args=(H, G, L, S, row_start, seg, n_sub, n_seg, per, n_chunks, lo, hi, g_a, g_b),
         meta=meta, grid_m=(BH, n_sub, n_g), args_m=(L, n_sub, n_chunks, n_int, seg_w),

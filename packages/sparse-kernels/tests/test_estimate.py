@@ -210,7 +210,7 @@ def test_line_folds_interior_kernel_takes_exactly_the_inside_segments(monkeypatc
 def test_line_folds_interior_kernel_shares_key_tiles_across_query_heads(monkeypatch, heads):
     """The interior kernel with ``heads`` query heads of a KV group per program: groups of 3
     (the last slot's rows past the group masked), 2 KV heads, 2 batch rows, against the
-    reference; and the default setting's choice for this shape."""
+    reference; and the default (one head per program)."""
     from sparse_kernels.estimate import triton as est
 
     monkeypatch.setattr(est, "_FOLD_HEADS", heads)
@@ -222,7 +222,7 @@ def test_line_folds_interior_kernel_shares_key_tiles_across_query_heads(monkeypa
     monkeypatch.setattr(est, "_FOLD_HEADS", 0)
     f = est._fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
                         True, 1024, 262144, 0)  # fmt: skip
-    assert f.meta_i["HP"] == 4  # the group of 3 rounded up to a power of two
+    assert f.meta_i["HP"] == 1  # the default: one head per program
 
 
 def test_line_folds_reference_is_the_fold_of_line_scores():

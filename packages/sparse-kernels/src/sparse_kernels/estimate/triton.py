@@ -877,10 +877,11 @@ def _fold_setup(
         if BLOCK_L > 64:
             block_n = min(block_n, 64)
     G = H // H_KV
-    # Query heads of a KV group per interior program (they share each key tile): by default
-    # as many as fit 256 rows (fp32's exact dots: one), then tiles narrow enough to keep the
-    # accumulator in registers.
-    hp = heads if heads else (1 if fp32 else min(triton.next_power_of_2(G), max(1, 256 // BLOCK_L)))
+    # Query heads of a KV group per interior program (they share each key tile). One by
+    # default: on an H100 at the Qwen2.5-VL-7B shape, 2, 4 and 8 were no faster at 128K and
+    # slower at 1M (scripts/fold_heads_gpu.py, grid_and_boundaries.md §11): the pass is bound
+    # by its dots and exponentials, not by reading the keys.
+    hp = heads if heads else 1
     rows = hp * BLOCK_L
     if block_n_given is None and rows > 64:
         block_n = min(block_n, 64 if rows <= 256 else 32)

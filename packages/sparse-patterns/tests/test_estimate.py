@@ -414,6 +414,49 @@ def test_plan_layer_fused_grid_equals_the_unfused_plan(
     assert len(set(b.meta["stride"].flatten().tolist())) > 1 or heads[0].stride is not None
 
 
+@pytest.mark.parametrize("cap", ["wider", "narrower"])
+@pytest.mark.parametrize("block_w", [4, 128], ids=lambda b: f"chunk{b}")
+def test_plan_layer_fused_grid_lists_launched_before_the_width_read(monkeypatch, cap, block_w):
+    """Once a shape's row width is recorded, the fused planner launches the lists that wide
+    before it reads the width: wider than this call's rows (the plan keeps the first W
+    entries) and narrower (launched again after the read; the record grows to W). Either way
+    the plan of the unfused path, entry for entry, with the candidates walked ``block_w`` at a
+    time."""
+    from sparse_kernels.permuted import lists_triton
+    from sparse_patterns import HeadConfig
+    from sparse_patterns import mminference as MM
+
+    monkeypatch.setattr(lists_triton, "_LISTS_BLOCK_W", block_w)
+    monkeypatch.setattr(MM, "_GRID_LISTS_CAP", {})
+    S = 997
+    q, k, _ = planted_grid_qkv(1, 4, 2, S, 32, stride=8, phase=3, vline=True, slash=True, seed=5)
+    lay = TokenLayout(torch.full((S,), 2, device=DEV), tokens_per_frame=16)
+    q, k, heads = q.to(DEV), k.to(DEV), [HeadConfig(Grid())] * 4
+    monkeypatch.setattr(MM, "GRID_FUSED", "off")
+    ref = plan_layer(q, k, heads, lay, block=32)
+    ref_lists = ref._launch_lists
+    monkeypatch.setattr(MM, "GRID_FUSED", "triton")
+    first = plan_layer(q, k, heads, lay, block=32)
+    W = ref.kv_block_indices.shape[-1]
+    assert W > 4 and list(MM._GRID_LISTS_CAP.values()) == [W]  # recorded by the first call
+    assert first.kv_block_indices.shape[-1] == W
+    (key,) = MM._GRID_LISTS_CAP
+    MM._GRID_LISTS_CAP[key] = W + 7 if cap == "wider" else W - 3
+    launched = []
+    real = lists_triton.launch_grid_lists
+    monkeypatch.setattr(
+        lists_triton, "launch_grid_lists", lambda *a, **kw: launched.append(a[6]) or real(*a, **kw)
+    )
+    plan = plan_layer(q, k, heads, lay, block=32)
+    got = plan._launch_lists
+    assert launched == ([W + 7] if cap == "wider" else [W - 3, W])
+    assert MM._GRID_LISTS_CAP[key] == (W + 7 if cap == "wider" else W)
+    assert torch.equal(plan.kv_block_indices, ref.kv_block_indices)
+    assert torch.equal(plan.kv_block_counts, ref.kv_block_counts)
+    for x, y in zip((*got[:2], *got[2][:2]), (*ref_lists[:2], *ref_lists[2][:2])):
+        assert torch.equal(x, y)
+
+
 def test_plan_layer_fused_grid_rows_wider_than_the_lists_kernel(monkeypatch):
     """Candidate rows wider than ``GRID_LISTS_MAX_WIDTH``: the fused planner builds the lists
     in torch (and ``run`` splits them), with the same plan as the unfused path."""

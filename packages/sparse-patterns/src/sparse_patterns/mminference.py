@@ -440,17 +440,40 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     from sparse_kernels.permuted.lists_triton import GRID_LISTS_MAX_WIDTH, launch_grid_lists
     from sparse_kernels.permuted.perms import host_ints
 
-    kmin, qmax, s_lo, s_hi, runs = blocks.unbind()  # before the read: less host time after it
+    kmin, qmax, s_lo, s_hi, runs = blocks.unbind()
     nb = -(-S // blk)
+    # The lists are launched before the read of their width, as wide as the widest seen for this
+    # shape and stride space (the read then waits for every kernel, and nothing is launched
+    # after it); a wider row (the first call of a shape, or a wider stride choice) is launched
+    # again after the read.
+    key = (ctx.B * ctx.H, S, blk, sp, dev)
+    cap = _GRID_LISTS_CAP.get(key, 0)
+    early = (
+        launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, widths, cap, nb, runs=runs) if cap else None
+    )
 
     def lists():
         wv, ws = host_ints(widths)
-        if wv + ws + 1 <= GRID_LISTS_MAX_WIDTH:
-            return launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb, runs=runs)
-        return (*grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb), None)
+        w = wv + ws + 1
+        if early is not None and w <= cap:
+            return _narrow_lists(early, w)
+        if w > GRID_LISTS_MAX_WIDTH:
+            return (*grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb), None)
+        if 3 * ctx.B * ctx.H * nb * w * 4 <= _GRID_LISTS_CAP_BYTES:
+            _GRID_LISTS_CAP[key] = w
+        return launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, widths, w, nb, runs=runs)
 
     meta = {"stride": st, "phase": ph, "kv_runs": runs, "lists": lists}
     return None, None, perm, perm, meta
+
+
+def _narrow_lists(lists: tuple, W: int) -> tuple:
+    """The first ``W`` entries of each list of ``launch_grid_lists``'s ``(idx, cnt, (rest,
+    rest_cnt, starts, run_cnt))`` (views; the same tensors when they are ``W`` wide)."""
+    idx, cnt, (rest, rc, starts, sc) = lists
+    if idx.shape[-1] == W:
+        return lists
+    return idx[..., :W], cnt, (rest[..., :W], rc, starts[..., :W], sc)
 
 
 def _plan_block_sparse(ctx: _Ctx, hs, cfgs) -> tuple:
@@ -529,6 +552,11 @@ FOLD_MAX_PERIOD = 4096
 # Grid groups planned by ``_plan_grid_fused`` where it fits: "auto" (on CUDA), "triton" (also
 # elsewhere: the Triton interpreter in tests), "off" (never).
 GRID_FUSED = "auto"
+# Widest candidate row seen per (heads, S, block, stride space, device): the fused Grid planner
+# launches the lists that wide before it reads the actual width (see ``_plan_grid_fused``), for
+# shapes whose three lists take at most _GRID_LISTS_CAP_BYTES.
+_GRID_LISTS_CAP: dict[tuple, int] = {}
+_GRID_LISTS_CAP_BYTES = 256 << 20
 _RUN_KINDS = ("dense", "a_shape", "tri_shape")
 _BOUNDARY_BLOCK_LEVEL = True  # False: every boundary head on the element path (tests compare)
 # Elements of one batch of run ranges ([N, runs, ranges per run], several int64 temporaries).

@@ -212,6 +212,10 @@ def main() -> None:
     for mode in (True, False, True):
         launch_mod.DIRECT = mode
         est.setdefault(f"direct={mode}", []).append(round(cuda_time_ms(fn, warmup=3, rep=30), 4))
+    perms.PINNED_READS = False
+    est["pinned_reads=False"] = [round(cuda_time_ms(fn, warmup=3, rep=30), 4)]
+    perms.PINNED_READS = True
+    est["pinned_reads=True"] = [round(cuda_time_ms(fn, warmup=3, rep=30), 4)]
     print("estimation ms (CUDA events, median of 30):", est)
     print("one call on the timeline (us from its start; host: launches and syncs):")
     for line in _timeline(fn):

@@ -210,7 +210,7 @@ def test_line_folds_interior_kernel_takes_exactly_the_inside_segments(monkeypatc
 def test_line_folds_interior_kernel_shares_key_tiles_across_query_heads(monkeypatch, heads):
     """The interior kernel with ``heads`` query heads of a KV group per program: groups of 3
     (the last slot's rows past the group masked), 2 KV heads, 2 batch rows, against the
-    reference; and the default (one head per program)."""
+    reference; and the default (two heads per program up to _FOLD_SHORT_KEYS keys, then one)."""
     from sparse_kernels.estimate import triton as est
 
     monkeypatch.setattr(est, "_FOLD_HEADS", heads)
@@ -222,7 +222,10 @@ def test_line_folds_interior_kernel_shares_key_tiles_across_query_heads(monkeypa
     monkeypatch.setattr(est, "_FOLD_HEADS", 0)
     f = est._fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
                         True, 1024, 262144, 0)  # fmt: skip
-    assert f.meta_i["HP"] == 1  # the default: one head per program
+    assert f.meta_i["HP"] == 2  # the default up to _FOLD_SHORT_KEYS keys
+    f = est._fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
+                        True, 1024, 600, 0)  # fmt: skip
+    assert f.meta_i["HP"] == 1  # and past it
 
 
 def test_line_folds_reference_is_the_fold_of_line_scores():

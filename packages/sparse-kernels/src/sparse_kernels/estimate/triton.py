@@ -44,12 +44,13 @@ from .._triton.launch import launch
 # each segment into sub-tiles of BLOCK_N; a program owns one sub-tile position t of a run of
 # segments, so every key it reads has residue (t * BLOCK_N + n) mod period, whatever the
 # segment: the per-row sums fold into one [BLOCK_L, BLOCK_N] accumulator without a gather.
-_FOLD_BLOCK_N = 128
+_FOLD_BLOCK_N = 64
 # Programs per launch the key range is split into (the partial accumulators they write are
 # BLOCK_L x BLOCK_N floats each, two per program, so this also bounds that scratch memory).
-# Up to _FOLD_SHORT_KEYS keys, half as many: fewer partials for the merge to read, and on an
-# H100 at 128K keys 512 programs took 0.40-0.43 ms against 0.42-0.45 ms for 1024 (two runs);
-# at 512K, 1024 were faster (1.107 against 1.141 ms).
+# Up to _FOLD_SHORT_KEYS keys, a quarter as many: fewer partials for the merge to read; on an
+# H100 at 128K keys with two heads per program 256 programs were the fastest of 256-2048
+# (grid_and_boundaries.md section 11); at 512K, 1024 were faster than 512 (1.107 against
+# 1.141 ms).
 _FOLD_PROGRAMS = 1024
 _FOLD_SHORT_KEYS = 262144
 # Segments whose tiles are all inside the window go to ``_line_folds_interior_kernel`` (one
@@ -725,7 +726,7 @@ def _fold_plan(
 def _chunks(n_seg: int, lanes: int, n_keys: int) -> tuple[int, int]:
     """``(segments per chunk, chunks)``: ``n_seg`` segments for each of ``lanes`` (sub-tile,
     head) pairs cut so that the launch has about ``_FOLD_PROGRAMS`` programs."""
-    programs = _FOLD_PROGRAMS if n_keys > _FOLD_SHORT_KEYS else min(_FOLD_PROGRAMS, 512)
+    programs = _FOLD_PROGRAMS if n_keys > _FOLD_SHORT_KEYS else min(_FOLD_PROGRAMS, 256)
     per = max(1, triton.cdiv(n_seg * lanes, programs))
     return per, triton.cdiv(n_seg, per)
 
@@ -868,8 +869,10 @@ def _fold_setup(
     ``_FOLD_INTERIOR``, ``_FOLD_PROGRAMS`` and ``_FOLD_SHORT_KEYS`` (read by ``_interior`` and
     ``_chunks``) are in the cache key as ``interior``, ``programs`` and ``short``, and
     ``_FOLD_HEADS`` is ``heads``: tests and timings change them."""
-    del interior, programs, short
+    del interior, programs
     BLOCK_L = max(16, triton.next_power_of_2(L))
+    n_keys = min(S, row_start + L)
+    is_short = n_keys <= short
     block_n_given, warps_given = block_n, num_warps
     if block_n is None:
         # fp32 goes through exact (FMA-emulated) dots: a narrow tile, as in the other kernels.
@@ -877,11 +880,13 @@ def _fold_setup(
         if BLOCK_L > 64:
             block_n = min(block_n, 64)
     G = H // H_KV
-    # Query heads of a KV group per interior program (they share each key tile). One by
-    # default: on an H100 at the Qwen2.5-VL-7B shape, 2, 4 and 8 were no faster at 128K and
-    # slower at 1M (scripts/fold_heads_gpu.py, grid_and_boundaries.md §11): the pass is bound
-    # by its dots and exponentials, not by reading the keys.
-    hp = heads if heads else 1
+    # Query heads of a KV group per interior program (they share each key tile): by default two
+    # up to _FOLD_SHORT_KEYS keys, else one. On an H100 at the Qwen2.5-VL-7B shape
+    # (scripts/fold_heads_gpu.py, grid_and_boundaries.md section 11) two heads with 64-wide
+    # tiles, 8 warps and 3 stages were the fastest fold pass at 128K and one head with 64-wide
+    # tiles at 1M; 4 and 8 were slower: the pass is bound by its dots and exponentials more
+    # than by reading the keys.
+    hp = heads if heads else (min(2, G) if is_short and not fp32 else 1)
     rows = hp * BLOCK_L
     if block_n_given is None and rows > 64:
         block_n = min(block_n, 64 if rows <= 256 else 32)
@@ -907,7 +912,7 @@ def _fold_setup(
     sizes += (BH * n_ipart * BLOCK_L,) * 2 + (BH * n_ipart * tile,)
     sizes += (BH * n_g * seg_w, BH * L * seg_w)
     if num_stages is None:
-        num_stages = 1 if interp else 2
+        num_stages = 1 if interp else (3 if is_short else 2)
     meta = dict(
         D=D, BLOCK_D=block_d(D), BLOCK_L=BLOCK_L, BLOCK_N=block_n, IEEE=fp32,
         num_warps=num_warps, num_stages=num_stages,

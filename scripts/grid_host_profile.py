@@ -180,12 +180,11 @@ def main() -> None:
         fn()
     torch.cuda.synchronize()
     targets = [
-        (est, "_fold_partials"),
-        (est, "_search_partials"),
-        (grid_triton, "grid_blocks_buffer"),
-        (grid_triton, "grid_blocks_triton"),
-        (lists_triton, "launch_grid_lists"),
-        (perms, "host_ints"),
+        (MM, "_fold_partials"),
+        (MM, "_search_partials"),
+        (MM, "grid_blocks_triton"),
+        (MM, "launch_grid_lists"),
+        (MM, "host_ints"),
         (MM, "_plan_grid_fused"),
         *(
             (m, n)

@@ -218,7 +218,7 @@ def test_line_folds_interior_kernel_shares_key_tiles_across_query_heads(monkeypa
     f = est._fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
                         True, 1024, 262144, heads)  # fmt: skip
     assert f.edges and f.meta_i["HP"] == heads
-    assert f.grid_i[1] == 4 and f.grid_i[0] % -(-3 // heads) == 0
+    assert f.grid_i[1] == 4 and f.n_int_progs % -(-3 // heads) == 0
     monkeypatch.setattr(est, "_FOLD_HEADS", 0)
     f = est._fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
                         True, 1024, 262144, 0)  # fmt: skip

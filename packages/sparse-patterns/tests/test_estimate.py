@@ -443,9 +443,9 @@ def test_plan_layer_fused_grid_lists_launched_before_the_width_read(monkeypatch,
     (key,) = MM._GRID_LISTS_CAP
     MM._GRID_LISTS_CAP[key] = W + 7 if cap == "wider" else W - 3
     launched = []
-    real = lists_triton.launch_grid_lists
+    real = MM.launch_grid_lists
     monkeypatch.setattr(
-        lists_triton, "launch_grid_lists", lambda *a, **kw: launched.append(a[6]) or real(*a, **kw)
+        MM, "launch_grid_lists", lambda *a, **kw: launched.append(a[6]) or real(*a, **kw)
     )
     plan = plan_layer(q, k, heads, lay, block=32)
     got = plan._launch_lists
@@ -462,8 +462,10 @@ def test_plan_layer_fused_grid_rows_wider_than_the_lists_kernel(monkeypatch):
     in torch (and ``run`` splits them), with the same plan as the unfused path."""
     from sparse_kernels.permuted import lists_triton
     from sparse_patterns import HeadConfig
+    from sparse_patterns import mminference as MM
 
     monkeypatch.setattr(lists_triton, "GRID_LISTS_MAX_WIDTH", 4)
+    monkeypatch.setattr(MM, "GRID_LISTS_MAX_WIDTH", 4)
     S = 997
     q, k, _ = planted_grid_qkv(1, 4, 2, S, 32, stride=8, phase=3, vline=True, slash=True, seed=5)
     lay = TokenLayout(torch.full((S,), 2, device=DEV), tokens_per_frame=16)

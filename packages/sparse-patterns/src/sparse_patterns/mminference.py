@@ -17,8 +17,16 @@ from collections.abc import Sequence
 import torch
 from sparse_kernels import AttentionOutput
 from sparse_kernels._validate import TRITON_MAX_HEAD_DIM
+from sparse_kernels.estimate.search import stride_vector
+from sparse_kernels.estimate.triton import _fold_partials, _search_partials
 from sparse_kernels.permuted import grid_permutation
-from sparse_kernels.permuted.perms import grid_line_offsets
+from sparse_kernels.permuted.grid_triton import grid_blocks_size, grid_blocks_triton
+from sparse_kernels.permuted.lists_triton import (
+    GRID_LISTS_MAX_WIDTH,
+    grid_lists_size,
+    launch_grid_lists,
+)
+from sparse_kernels.permuted.perms import grid_line_offsets, host_ints
 
 from . import estimate as E
 from ._device import heads_index, to_device
@@ -402,19 +410,17 @@ def _head_flags(flags: tuple[tuple[bool, ...], ...], B: int, device: torch.devic
 
 def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     """:func:`_plan_grid` in five launches and one host read (see :func:`_fused_grid_fits`):
-    the fold kernel, its merge, the stride and phase search
-    (``sparse_kernels.estimate.line_fold_search``), the permutation with each block's index
-    (``grid_blocks_triton``), then, after the read of the candidate widths, the lists with
-    their run split (what ``BlockPlan.run`` launches with). The lists are left to
-    ``meta["lists"]``, which ``plan_layer`` calls once the rest of the plan is built: the host
-    read then waits only for the GPU. The same stride, phase, permutation, lists, runs and
-    split as the unfused path (tests compare). Each launch and allocation costs host time that
-    a 128K-token layer notices, hence the shared buffers."""
-    from sparse_kernels.estimate.search import stride_vector
-    from sparse_kernels.estimate.triton import _fold_partials, _search_partials
-    from sparse_kernels.permuted.grid_triton import grid_blocks_buffer, grid_blocks_triton
-
+    the fold pass (interior and edge segments in one launch), its merge, the stride and phase
+    search (``sparse_kernels.estimate.line_fold_search``), the permutation with each block's
+    index (``grid_blocks_triton``) and the lists with their run split (what ``BlockPlan.run``
+    launches with). The lists are launched before the read of the candidate widths when a
+    width for the shape is on record (else, or when a row is wider, after it); the read is left
+    to ``meta["lists"]``, which ``plan_layer`` calls once the rest of the plan is built, so
+    that it waits only for the GPU. The same stride, phase, permutation, lists, runs and split
+    as the unfused path (tests compare). Each launch and allocation costs host time that a
+    128K-token layer notices, hence the shared buffers."""
     S, blk, dev = ctx.S, ctx.block, ctx.q.device
+    N = ctx.B * ctx.H
     n = min(L, S)
     P = math.lcm(*sp)
     lo, hi = E.grid_window(P, S)
@@ -422,7 +428,16 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     col, sl, seg = _fold_partials(
         ctx.q[:, :, S - n :], ctx.k, S - n, period=P, lo=lo, hi=hi, scale=ctx.scale
     )
-    buf = grid_blocks_buffer(ctx.B * ctx.H, S, blk, dev)
+    nb = -(-S // blk)
+    # The lists are launched before the read of their width, as wide as the widest seen for this
+    # shape and stride space (the read then waits for every kernel, and nothing is launched
+    # after it); a wider row (the first call of a shape, or a wider stride choice) is launched
+    # again after the read. Their storage and the block index's are one allocation.
+    key = (N, S, blk, sp, dev)
+    cap = _GRID_LISTS_CAP.get(key, 0)
+    n_blocks = grid_blocks_size(N, S, blk)
+    store = torch.empty(n_blocks + grid_lists_size(N, nb, cap), dtype=torch.int32, device=dev)
+    buf = store[:n_blocks]
     st, ph, _ = _search_partials(
         col, sl, seg, P, S - n, stride_vector(sp, dev), 0.15, zero=buf[-2:]
     )
@@ -436,21 +451,12 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     perm, blocks, v_hi, widths = grid_blocks_triton(
         S, st, ph, flags[0], flags[1], blk, max(sp), buf=buf
     )
-
-    from sparse_kernels.permuted.lists_triton import GRID_LISTS_MAX_WIDTH, launch_grid_lists
-    from sparse_kernels.permuted.perms import host_ints
-
     kmin, qmax, s_lo, s_hi, runs = blocks.unbind()
-    nb = -(-S // blk)
-    # The lists are launched before the read of their width, as wide as the widest seen for this
-    # shape and stride space (the read then waits for every kernel, and nothing is launched
-    # after it); a wider row (the first call of a shape, or a wider stride choice) is launched
-    # again after the read.
-    key = (ctx.B * ctx.H, S, blk, sp, dev)
-    cap = _GRID_LISTS_CAP.get(key, 0)
-    early = (
-        launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, widths, cap, nb, runs=runs) if cap else None
-    )
+    early = None
+    if cap:
+        early = launch_grid_lists(
+            v_hi, s_lo, s_hi, kmin, qmax, widths, cap, nb, runs=runs, buf=store[n_blocks:]
+        )
 
     def lists():
         wv, ws = host_ints(widths)
@@ -459,7 +465,7 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
             return _narrow_lists(early, w)
         if w > GRID_LISTS_MAX_WIDTH:
             return (*grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb), None)
-        if 3 * ctx.B * ctx.H * nb * w * 4 <= _GRID_LISTS_CAP_BYTES:
+        if grid_lists_size(N, nb, w) * 4 <= _GRID_LISTS_CAP_BYTES:
             _GRID_LISTS_CAP[key] = w
         return launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, widths, w, nb, runs=runs)
 

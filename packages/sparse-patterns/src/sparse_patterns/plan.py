@@ -836,7 +836,8 @@ def grid_candidate_lists(
         which = "reference"
     if which == "triton":
         widths = torch.tensor([wv, ws], dtype=torch.int32, device=dev)
-        return launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, widths, wv + ws + 1, nkb)
+        ins = (t.contiguous() for t in (v_hi, s_lo, s_hi, kmin, qmax))
+        return launch_grid_lists(*ins, widths, wv + ws + 1, nkb)
     v_hi, s_lo, s_hi, kmin, qmax = (t.long() for t in (v_hi, s_lo, s_hi, kmin, qmax))
     m = torch.arange(nkb, device=dev)[None, :, None]
     cand_v = torch.arange(wv, device=dev)[None, None, :].expand(N, nkb, wv)

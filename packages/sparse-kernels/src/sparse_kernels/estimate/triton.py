@@ -75,8 +75,12 @@ def _group_major(H, GROUP):
     group) with the group's heads fastest, axis 1 is (batch row, KV head): the ``GROUP`` query
     heads that read the same keys run next to each other and share them through L2 (with the
     heads on an axis of their own, each query head re-read its keys from memory)."""
-    pid = tl.program_id(0)
-    bkv = tl.program_id(1)
+    return _group_major_at(tl.program_id(0), tl.program_id(1), H, GROUP)
+
+
+@triton.jit
+def _group_major_at(pid, bkv, H, GROUP):
+    """:func:`_group_major` of program ``(pid, bkv)``."""
     H_KV = H // GROUP
     b = bkv // H_KV
     h = (bkv % H_KV) * GROUP + pid % GROUP
@@ -419,7 +423,9 @@ def line_scores_triton(
 
 
 @triton.jit
-def _line_folds_fwd_kernel(
+def _fold_body(
+    pid,
+    bkv,
     q_ptr,
     k_ptr,
     ws_ptr,
@@ -460,7 +466,7 @@ def _line_folds_fwd_kernel(
     # The partials are regions of one workspace (element offsets off_*: one allocation).
     m_ptr, l_ptr = ws_ptr + off_m, ws_ptr + off_l
     acol_ptr, asl_ptr = ws_ptr + off_acol, ws_ptr + off_asl
-    pos, b, h, bh = _group_major(H, GROUP)
+    pos, b, h, bh = _group_major_at(pid, bkv, H, GROUP)
     t = pos % n_sub
     c = pos // n_sub
     offs_l = tl.arange(0, BLOCK_L)
@@ -533,7 +539,9 @@ def _line_folds_fwd_kernel(
 
 
 @triton.jit
-def _line_folds_interior_kernel(
+def _fold_interior_body(
+    pid,
+    bkv,
     q_ptr,
     k_ptr,
     ws_ptr,
@@ -574,8 +582,6 @@ def _line_folds_interior_kernel(
     # key tile is read once for all of them: with one head per program, the key reads from L2
     # bound the pass.
     m_ptr, l_ptr, a_ptr = ws_ptr + off_m, ws_ptr + off_l, ws_ptr + off_a
-    pid = tl.program_id(0)
-    bkv = tl.program_id(1)
     H_KV = H // GROUP
     b = bkv // H_KV
     slot = pid % n_slots
@@ -623,6 +629,53 @@ def _line_folds_interior_kernel(
         + offs_n[None, :]
     )
     tl.store(a_ptr + at, acc, mask=live[:, None])
+
+
+@triton.jit
+def _line_folds_fwd_kernel(
+    q_ptr, k_ptr, ws_ptr, off_m, off_l, off_acol, off_asl,
+    stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s,
+    H, GROUP, L, S, row_start, seg, n_sub, n_seg, seg_per_chunk, n_chunks, lo, hi, g_a, g_b,
+    qk_scale,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr, EDGES: tl.constexpr,
+):  # fmt: skip
+    # Every segment through the general body (a layout with no interior segments).
+    _fold_body(
+        tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, ws_ptr, off_m, off_l, off_acol,
+        off_asl, stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s, H,
+        GROUP, L, S, row_start, seg, n_sub, n_seg, seg_per_chunk, n_chunks, lo, hi, g_a, g_b,
+        qk_scale, D, BLOCK_D, BLOCK_L, BLOCK_N, IEEE, EDGES,
+    )  # fmt: skip
+
+
+@triton.jit
+def _line_folds_kernel(
+    q_ptr, k_ptr, ws_ptr, off_m, off_l, off_acol, off_asl, off_mi, off_li, off_ai,
+    stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s,
+    H, GROUP, n_slots, L, S, row_start, seg, n_sub, n_seg, per_i, n_int, lo, hi, g_a, g_b,
+    qk_scale, n_int_progs,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
+    HP: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    # One launch for a layout with interior segments: programs [0, n_int_progs) walk them
+    # (``_fold_interior_body``), the others the edge segments before g_a and from g_b
+    # (``_fold_body``, two runs per sub-tile and head). One launch less costs the host a launch.
+    pid = tl.program_id(0)
+    bkv = tl.program_id(1)
+    if pid < n_int_progs:
+        _fold_interior_body(
+            pid, bkv, q_ptr, k_ptr, ws_ptr, off_mi, off_li, off_ai, stride_q_b, stride_q_h,
+            stride_q_s, stride_k_b, stride_k_h, stride_k_s, H, GROUP, n_slots, L, row_start, seg,
+            n_sub, per_i, n_int, g_a, g_b, qk_scale, D, BLOCK_D, BLOCK_L, BLOCK_N, HP, IEEE,
+        )  # fmt: skip
+    else:
+        _fold_body(
+            pid - n_int_progs, bkv, q_ptr, k_ptr, ws_ptr, off_m, off_l, off_acol, off_asl,
+            stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s, H, GROUP, L,
+            S, row_start, seg, n_sub, n_seg, 1, 2, lo, hi, g_a, g_b, qk_scale, D, BLOCK_D,
+            BLOCK_L, BLOCK_N, IEEE, True,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -824,13 +877,14 @@ def _fold_partials(
     sc = scale * LOG2E
     if f.edges:
         launch(
-            _line_folds_interior_kernel, f.grid_i, (q_rows, k, ws),
-            (*o[4:7], *strides, *f.args_i, sc), **f.meta_i,
+            _line_folds_kernel, f.grid_i, (q_rows, k, ws), (*o[:7], *strides, *f.args_i, sc,
+            f.n_int_progs), **f.meta_i,
         )  # fmt: skip
-    launch(
-        _line_folds_fwd_kernel, f.grid, (q_rows, k, ws), (*o[:4], *strides, *f.args, sc),
-        EDGES=f.edges, **f.meta,
-    )  # fmt: skip
+    else:
+        launch(
+            _line_folds_fwd_kernel, f.grid, (q_rows, k, ws), (*o[:4], *strides, *f.args, sc),
+            EDGES=False, **f.meta,
+        )  # fmt: skip
     launch(
         _line_folds_merge_kernel, f.grid_m, (ws,), (*o, *f.args_m), **f.meta_m,
     )  # fmt: skip
@@ -849,6 +903,7 @@ class _FoldSetup(NamedTuple):
     grid_i: tuple[int, int]
     args_i: tuple[int, ...]
     meta_i: dict
+    n_int_progs: int
     grid: tuple[int, int]
     args: tuple[int, ...]
     meta: dict
@@ -919,8 +974,9 @@ def _fold_setup(
     )  # fmt: skip
     return _FoldSetup(
         total=sum(sizes), offsets=tuple(itertools.accumulate(sizes[:-1], initial=0)), edges=edges,
-        grid_i=(n_int * n_sub * n_slots, B * H_KV),
-        args_i=(H, G, n_slots, L, row_start, seg, n_sub, per_i, n_int, g_a, g_b),
+        grid_i=(n_int * n_sub * n_slots + n_chunks * n_sub * G, B * H_KV),
+        args_i=(H, G, n_slots, L, S, row_start, seg, n_sub, n_seg, per_i, n_int, lo, hi, g_a, g_b),
+        n_int_progs=n_int * n_sub * n_slots,
         meta_i={**meta, "HP": hp, "num_warps": warps_i},
         grid=(n_chunks * n_sub * G, B * H_KV),
         args=(H, G, L, S, row_start, seg, n_sub, n_seg, per, n_chunks, lo, hi, g_a, g_b),

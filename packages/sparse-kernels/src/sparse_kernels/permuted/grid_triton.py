@@ -148,11 +148,15 @@ def _grid_blocks_kernel(
         tl.atomic_max(width_ptr, v_hi + 1)
 
 
+def grid_blocks_size(N: int, S: int, block: int) -> int:
+    """int32 entries of :func:`grid_blocks_buffer`."""
+    return N * S + 5 * N * triton.cdiv(S, block) + N + 2
+
+
 def grid_blocks_buffer(N: int, S: int, block: int, device) -> torch.Tensor:
     """Uninitialised int32 storage for :func:`grid_blocks_triton`'s outputs; its last two
     entries (the widths) must be zeroed before the launch."""
-    nb = triton.cdiv(S, block)
-    return torch.empty(N * S + 5 * N * nb + N + 2, dtype=torch.int32, device=device)
+    return torch.empty(grid_blocks_size(N, S, block), dtype=torch.int32, device=device)
 
 
 def grid_blocks_triton(

@@ -104,8 +104,13 @@ GRID_LISTS_MAX_WIDTH = 8192
 _LISTS_BLOCK_W = 128
 
 
+def grid_lists_size(N: int, nqb: int, cap: int, split: bool = True) -> int:
+    """int32 entries of :func:`launch_grid_lists`'s outputs (``split``: with ``runs``)."""
+    return (3 if split else 1) * N * nqb * (cap + 1)
+
+
 def launch_grid_lists(
-    v_hi, s_lo, s_hi, kmin, qmax, widths: torch.Tensor, cap: int, nkb: int, runs=None
+    v_hi, s_lo, s_hi, kmin, qmax, widths: torch.Tensor, cap: int, nkb: int, runs=None, buf=None
 ):
     """``(idx [N, NQB, cap], cnt [N, NQB])`` int32 (see ``_grid_lists_kernel``); inputs int32
     or int64: ``v_hi [N]``, ``s_lo``/``s_hi``/``qmax [N, NQB]``, ``kmin [N, NKB]``, ``widths``
@@ -114,22 +119,26 @@ def launch_grid_lists(
     ``W`` entries); when ``W > cap`` nothing is written (read ``widths`` to know). With ``runs``
     (the run map ``[N, NKB]``), also the run split of those lists
     (:func:`~sparse_kernels.permuted.split_run_blocks` with ``width = W``):
-    ``(idx, cnt, (rest_idx, rest_cnt, run_starts, run_cnt))``."""
+    ``(idx, cnt, (rest_idx, rest_cnt, run_starts, run_cnt))``. Every input contiguous (not
+    checked: the planners pass the block index's views). ``buf``: int32 storage of
+    :func:`grid_lists_size` entries for the outputs (else one allocation here)."""
     N, nqb = s_lo.shape
     block_w = min(triton.next_power_of_2(max(cap, 1)), _LISTS_BLOCK_W)
     block_r = max(1, 4096 // block_w)
-    n_lists = 3 if runs is not None else 1
-    # One allocation for every output list and count.
-    buf = torch.empty(n_lists * N * nqb * (cap + 1), dtype=torch.int32, device=s_lo.device)
+    split = runs is not None
+    n_lists = 3 if split else 1
+    if buf is None:  # one allocation for every output list and count
+        buf = torch.empty(
+            grid_lists_size(N, nqb, cap, split), dtype=torch.int32, device=s_lo.device
+        )
     at = n_lists * N * nqb * cap
     lists = buf[:at].view(n_lists, N, nqb, cap).unbind()
     counts = buf[at:].view(n_lists, N, nqb).unbind()
-    split = runs is not None
     args = (lists[1], counts[1], lists[2], counts[2]) if split else (lists[0], counts[0]) * 2
     launch(
         _grid_lists_kernel, (triton.cdiv(nqb, block_r), N),
-        (v_hi.contiguous(), s_lo.contiguous(), s_hi.contiguous(), kmin.contiguous(),
-         qmax.contiguous(), widths, lists[0], counts[0], runs if split else counts[0], *args),
+        (v_hi, s_lo, s_hi, kmin, qmax, widths, lists[0], counts[0], runs if split else counts[0],
+         *args),
         (nqb, nkb, cap), BLOCK_R=block_r, BLOCK_W=block_w, SPLIT=split,
     )  # fmt: skip
     if not split:

@@ -165,7 +165,7 @@ def main() -> None:
     a = ap.parse_args()
     bg = load_repo_module("bench_grid", "packages/sparse-patterns/benchmarks/bench_grid.py")
     from sparse_kernels.estimate import triton as est
-    from sparse_kernels.permuted import grid_triton, lists_triton, perms
+    from sparse_kernels.permuted import grid_triton, lists_triton
     from sparse_patterns import mminference as MM
 
     S = a.seq
@@ -211,10 +211,6 @@ def main() -> None:
     for mode in (True, False, True):
         launch_mod.DIRECT = mode
         est.setdefault(f"direct={mode}", []).append(round(cuda_time_ms(fn, warmup=3, rep=30), 4))
-    perms.PINNED_READS = False
-    est["pinned_reads=False"] = [round(cuda_time_ms(fn, warmup=3, rep=30), 4)]
-    perms.PINNED_READS = True
-    est["pinned_reads=True"] = [round(cuda_time_ms(fn, warmup=3, rep=30), 4)]
     print("estimation ms (CUDA events, median of 30):", est)
     print("one call on the timeline (us from its start; host: launches and syncs):")
     for line in _timeline(fn):

@@ -277,32 +277,8 @@ def host_ints(*xs: torch.Tensor) -> list[int]:
     a test can tell those reads from accidental ones.
     """
     if len(xs) == 1 and xs[0].ndim == 1:  # already one tensor: no stacking launches
-        x = xs[0]
-        if PINNED_READS and x.is_cuda and x.numel() <= _PINNED_ELEMS:
-            # Into page-locked memory, then a wait on the stream: less host time than a copy to
-            # pageable memory, which goes through a staging buffer.
-            dst = _pinned(x.dtype)[: x.numel()]
-            dst.copy_(x, non_blocking=True)
-            torch.cuda.current_stream(x.device).synchronize()
-            return [int(v) for v in dst.tolist()]
-        return [int(v) for v in x.tolist()]
+        return [int(v) for v in xs[0].tolist()]
     return torch.stack([x.reshape(()).long() for x in xs]).tolist()
-
-
-# host_ints reads small CUDA tensors through a page-locked buffer (False: ``tolist``; the
-# timing scripts compare).
-PINNED_READS = True
-_PINNED_ELEMS = 64
-_PINNED: dict[torch.dtype, torch.Tensor] = {}
-
-
-def _pinned(dtype: torch.dtype) -> torch.Tensor:
-    """A page-locked host buffer of ``_PINNED_ELEMS`` elements of ``dtype``, made once. Reused
-    by every read: each one waits for its copy before the next can start."""
-    buf = _PINNED.get(dtype)
-    if buf is None:
-        buf = _PINNED[dtype] = torch.empty(_PINNED_ELEMS, dtype=dtype, pin_memory=True)
-    return buf
 
 
 def kv_block_runs(

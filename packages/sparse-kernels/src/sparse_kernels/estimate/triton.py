@@ -44,7 +44,7 @@ from .._triton.launch import launch
 # each segment into sub-tiles of BLOCK_N; a program owns one sub-tile position t of a run of
 # segments, so every key it reads has residue (t * BLOCK_N + n) mod period, whatever the
 # segment: the per-row sums fold into one [BLOCK_L, BLOCK_N] accumulator without a gather.
-_FOLD_BLOCK_N = 64
+_FOLD_BLOCK_N = 128
 # Programs per launch the key range is split into (the partial accumulators they write are
 # BLOCK_L x BLOCK_N floats each, two per program, so this also bounds that scratch memory).
 # Up to _FOLD_SHORT_KEYS keys, a quarter as many: fewer partials for the merge to read; on an
@@ -936,11 +936,12 @@ def _fold_setup(
             block_n = min(block_n, 64)
     G = H // H_KV
     # Query heads of a KV group per interior program (they share each key tile): by default two
-    # up to _FOLD_SHORT_KEYS keys, else one. On an H100 at the Qwen2.5-VL-7B shape
-    # (scripts/fold_heads_gpu.py, grid_and_boundaries.md section 11) two heads with 64-wide
-    # tiles, 8 warps and 3 stages were the fastest fold pass at 128K and one head with 64-wide
-    # tiles at 1M; 4 and 8 were slower: the pass is bound by its dots and exponentials more
-    # than by reading the keys.
+    # up to _FOLD_SHORT_KEYS keys (then 64-wide tiles and 8 warps), else one. On H100s at the
+    # Qwen2.5-VL-7B shape (scripts/fold_heads_gpu.py, grid_and_boundaries.md section 11) two
+    # heads with 3 stages were the fastest fold pass at 128K; at 512K and 1M one head with
+    # 128-wide tiles was the fastest on one machine and 64-wide tiles on another, so the
+    # earlier 128 is kept; 4 and 8 heads were slower: the pass is bound by its dots and
+    # exponentials more than by reading the keys.
     hp = heads if heads else (min(2, G) if is_short and not fp32 else 1)
     rows = hp * BLOCK_L
     if block_n_given is None and rows > 64:

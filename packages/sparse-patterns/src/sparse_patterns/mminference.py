@@ -436,7 +436,8 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     key = (N, S, blk, sp, dev)
     cap = _GRID_LISTS_CAP.get(key, 0)
     n_blocks = grid_blocks_size(N, S, blk)
-    store = torch.empty(n_blocks + grid_lists_size(N, nb, cap), dtype=torch.int32, device=dev)
+    n_lists = grid_lists_size(N, nb, cap) if cap else 0
+    store = torch.empty(n_blocks + n_lists, dtype=torch.int32, device=dev)
     buf = store[:n_blocks]
     st, ph, _ = _search_partials(
         col, sl, seg, P, S - n, stride_vector(sp, dev), 0.15, zero=buf[-2:]

@@ -638,14 +638,14 @@ def _line_folds_fwd_kernel(
     H, GROUP, L, S, row_start, seg, n_sub, n_seg, seg_per_chunk, n_chunks, lo, hi, g_a, g_b,
     qk_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
-    IEEE: tl.constexpr, EDGES: tl.constexpr,
+    IEEE: tl.constexpr,
 ):  # fmt: skip
     # Every segment through the general body (a layout with no interior segments).
     _fold_body(
         tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, ws_ptr, off_m, off_l, off_acol,
         off_asl, stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s, H,
         GROUP, L, S, row_start, seg, n_sub, n_seg, seg_per_chunk, n_chunks, lo, hi, g_a, g_b,
-        qk_scale, D, BLOCK_D, BLOCK_L, BLOCK_N, IEEE, EDGES,
+        qk_scale, D, BLOCK_D, BLOCK_L, BLOCK_N, IEEE, False,
     )  # fmt: skip
 
 
@@ -883,7 +883,7 @@ def _fold_partials(
     else:
         launch(
             _line_folds_fwd_kernel, f.grid, (q_rows, k, ws), (*o[:4], *strides, *f.args, sc),
-            EDGES=False, **f.meta,
+            **f.meta,
         )  # fmt: skip
     launch(
         _line_folds_merge_kernel, f.grid_m, (ws,), (*o, *f.args_m), **f.meta_m,
@@ -949,7 +949,6 @@ def _fold_setup(
     if num_warps is None:
         num_warps = 8 if BLOCK_L > 64 else 4
     warps_i = num_warps if warps_given is not None else (8 if rows > 64 else 4)
-    n_keys = min(S, row_start + L)
     BH = B * H
     seg, n_sub, n_seg, per, n_chunks = _fold_plan(period, n_keys, BH, block_n)
     g_a, g_b = _interior(seg, n_sub, block_n, L, BLOCK_L, row_start, lo, hi)

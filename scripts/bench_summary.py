@@ -14,6 +14,7 @@ for path in sys.argv[1:]:
                 "config",
                 "estimation_ms",
                 "estimation_quartiles_ms",
+                "estimation_launched_ms",
                 "plan_ms",
                 "run_fraction",
                 "segments",

@@ -186,6 +186,8 @@ def main() -> None:
         (MM, "launch_grid_lists"),
         (MM, "host_ints"),
         (MM, "_plan_grid_fused"),
+        (MM, "_grid_fused_launch"),
+        (MM.OffsetGraph, "__call__"),
         *(
             (m, n)
             for m in (est, grid_triton, lists_triton)
@@ -202,15 +204,18 @@ def main() -> None:
         (MM, "BlockPlan"),
     ]
     print("stages (ms, inclusive, median):", _stages(fn, targets, a.rep))
-    # The estimation as bench_grid.py times it (CUDA events around plan_layer + run split), with
-    # the direct launch path and without it (launch.DIRECT = False), in this process.
+    # The estimation as bench_grid.py times it (CUDA events around plan_layer + run split): the
+    # launches replayed as a CUDA graph (MM.GRID_GRAPHS) or launched, through the direct launch
+    # path or not (launch.DIRECT = False), in this process.
     from sparse_kernels._triton import launch as launch_mod
     from sparse_kernels.benchmarking import cuda_time_ms
 
     est = {}
-    for mode in (True, False, True):
-        launch_mod.DIRECT = mode
-        est.setdefault(f"direct={mode}", []).append(round(cuda_time_ms(fn, warmup=3, rep=30), 4))
+    for graphs, direct in (("auto", True), ("off", True), ("off", False), ("auto", True)):
+        MM.GRID_GRAPHS, launch_mod.DIRECT = graphs, direct
+        est.setdefault(f"graphs={graphs} direct={direct}", []).append(
+            round(cuda_time_ms(fn, warmup=3, rep=30), 4)
+        )
     print("estimation ms (CUDA events, median of 30):", est)
     print("one call on the timeline (us from its start; host: launches and syncs):")
     for line in _timeline(fn):

@@ -228,6 +228,48 @@ def test_line_folds_interior_kernel_shares_key_tiles_across_query_heads(monkeypa
     assert f.meta_i["HP"] == 1  # and past it
 
 
+@pytest.mark.parametrize(
+    "L, S, row_start, P, lo, hi, bn",
+    [
+        pytest.param(16, 700, 684, 32, 32, 672, 16, id="interior-and-edges"),
+        pytest.param(16, 300, 280, 12, 12, 288, 32, id="edges-only"),
+    ],
+)
+@pytest.mark.parametrize("dtype", kernel_dtypes(), ids=str)
+def test_line_folds_read_q_and_k_at_device_offsets(L, S, row_start, P, lo, hi, bn, dtype):
+    """With ``qk_offsets`` the fold kernel reads the rows and keys of other tensors than the
+    ones it is launched with (what a CUDA graph replay does): the partials equal those of a
+    launch on those tensors, bit for bit, for the one-launch kernel and the all-edge one."""
+    from sparse_kernels.estimate.triton import _fold_partials
+
+    B, H, H_KV, D = 1, 4, 2, 32
+    q, k, _ = make_qkv(B, H, H_KV, S, S, D, dtype=dtype, device=DEV, seed=S + L)
+    q2, k2, _ = make_qkv(B, H, H_KV, S, S, D, dtype=dtype, device=DEV, seed=S + L + 1)
+    # One storage per pair, 16-byte aligned offsets between the launched and the read tensors.
+    qs = torch.zeros(2, *q.shape, dtype=dtype, device=DEV)
+    ks = torch.zeros(2, *k.shape, dtype=dtype, device=DEV)
+    qs[0], qs[1], ks[0], ks[1] = q, q2, k, k2
+    rows = lambda t: t[:, :, row_start : row_start + L]  # noqa: E731
+    kw = dict(period=P, lo=lo, hi=hi, scale=D**-0.5, block_n=bn)
+    want = _fold_partials(rows(qs[1]), ks[1], row_start, **kw)
+    es = q.element_size()
+    offs = torch.tensor(
+        [(qs[1].data_ptr() - qs[0].data_ptr()) // es, (ks[1].data_ptr() - ks[0].data_ptr()) // es]
+    ).to(DEV)
+    got = _fold_partials(rows(qs[0]), ks[0], row_start, **kw, qk_offsets=offs)
+    assert got[2] == want[2]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    other = _fold_partials(rows(qs[0]), ks[0], row_start, **kw)
+    assert not torch.equal(other[0], want[0])  # the offsets moved the reads
+    with pytest.raises(ValueError, match="expected int64 \\[2\\], got torch.int32"):
+        _fold_partials(rows(qs[0]), ks[0], row_start, **kw, qk_offsets=offs.int())
+    with pytest.raises(ValueError, match="unit last strides"):
+        _fold_partials(
+            rows(qs[0]).transpose(2, 3).contiguous().transpose(2, 3), ks[0], row_start, **kw,
+            qk_offsets=offs,
+        )  # fmt: skip
+
+
 def test_line_folds_reference_is_the_fold_of_line_scores():
     """The folds' reference against a direct per-position sum of the line scores' reference."""
     g = torch.Generator().manual_seed(4)

@@ -214,6 +214,17 @@ def test_grid_vs_dense(benchmark, shape, provider):
             lambda: plan_layer(q, k, [GRID] * H, lay, block=BLOCK)._launch_lists, warmup=5, rep=30
         )
         est_ms = est[len(est) // 2]
+        # The same without the planner's CUDA graph (its five kernels launched each call).
+        from sparse_patterns import mminference as MM
+
+        graphs, MM.GRID_GRAPHS = MM.GRID_GRAPHS, "off"
+        try:
+            launched_ms = _time_ms(
+                lambda: plan_layer(q, k, [GRID] * H, lay, block=BLOCK)._launch_lists,
+                warmup=5, rep=30,
+            )  # fmt: skip
+        finally:
+            MM.GRID_GRAPHS = graphs
         plan = _grid_plan(S)
         phases = (torch.arange(H, device=DEV) // (H // H_KV) * 37) % TPF
         assert torch.equal(plan.meta["stride"][0], torch.full((H,), TPF, device=DEV))
@@ -236,6 +247,7 @@ def test_grid_vs_dense(benchmark, shape, provider):
             plan_ms=plan_ms,
             estimation_over_kernel=est_ms / kernel_ms,
             estimation_quartiles_ms=(est[len(est) // 4], est[3 * len(est) // 4]),
+            estimation_launched_ms=launched_ms,
             check_rel_err=err,
             mass_recall=_mass_recall(q, k, v, plan, _sample_rows(S)),
         )

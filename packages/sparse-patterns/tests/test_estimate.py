@@ -428,6 +428,7 @@ def test_plan_layer_fused_grid_lists_launched_before_the_width_read(monkeypatch,
 
     monkeypatch.setattr(lists_triton, "_LISTS_BLOCK_W", block_w)
     monkeypatch.setattr(MM, "_GRID_LISTS_CAP", {})
+    monkeypatch.setattr(MM, "GRID_GRAPHS", "off")  # each call launches (graphs: the next test)
     S = 997
     q, k, _ = planted_grid_qkv(1, 4, 2, S, 32, stride=8, phase=3, vline=True, slash=True, seed=5)
     lay = TokenLayout(torch.full((S,), 2, device=DEV), tokens_per_frame=16)
@@ -502,3 +503,63 @@ def test_plan_layer_fused_grid_only_where_it_fits(monkeypatch, heads, tpf, why):
         monkeypatch, q, k, mixed, TokenLayout(torch.full((S,), 2), tokens_per_frame=16), 32
     )
     assert took == []  # a group of some heads only
+
+
+def _same_plans(a, la, b, lb):
+    for key in ("stride", "phase"):
+        assert torch.equal(a.meta[key], b.meta[key]), key
+    assert torch.equal(a.kv_perm, b.kv_perm) and torch.equal(a.q_perm, b.q_perm)
+    assert torch.equal(a.kv_block_indices, b.kv_block_indices)
+    assert torch.equal(a.kv_block_counts, b.kv_block_counts)
+    assert torch.equal(a.kv_runs[0], b.kv_runs[0]) and torch.equal(a.kv_runs[1], b.kv_runs[1])
+    for x, y in zip((*la[:2], *la[2]), (*lb[:2], *lb[2])):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.gpu
+def test_plan_layer_fused_grid_replays_a_cuda_graph_gpu(monkeypatch):
+    """From the second call of a shape the fused planner replays a CUDA graph of its launches.
+    For other q and k (other addresses, other grids) each plan equals the plan launched
+    without graphs, entry for entry, also after later replays (a plan never aliases the
+    graph's memory); a call whose rows are wider than the recorded width (the stride-4 grid)
+    launches its lists again after the read, and the next call captures a graph that wide."""
+    from sparse_patterns import HeadConfig
+    from sparse_patterns import mminference as MM
+
+    replays = []
+
+    class Counted(MM.OffsetGraph):
+        def __call__(self, q, k):
+            replays.append(id(self))
+            return super().__call__(q, k)
+
+    monkeypatch.setattr(MM, "OffsetGraph", Counted)
+    monkeypatch.setattr(MM, "_GRID_LISTS_CAP", {})
+    monkeypatch.setattr(MM, "_GRID_GRAPHS", {})
+    S, H, H_KV, D = 4000, 4, 2, 64
+    heads = [HeadConfig(Grid())] * H
+    lay = TokenLayout(torch.full((S,), 2, device=DEV), tokens_per_frame=16)
+    grids = [(8, 3), (16, 5), (4, 1), (8, 6), (4, 2)]
+    inputs = [
+        planted_grid_qkv(1, H, H_KV, S, D, stride=s, phase=p, seed=i)[:2]
+        for i, (s, p) in enumerate(grids)
+    ]
+    inputs = [(q.to(DEV, torch.bfloat16), k.to(DEV, torch.bfloat16)) for q, k in inputs]
+    got = []
+    for q, k in inputs:
+        plan = plan_layer(q, k, heads, lay, block=64)
+        got.append((plan, plan._launch_lists))
+    assert len(replays) == 4 and len(set(replays)) == 2  # calls 2, 3 and 4, 5: two widths
+    assert len(MM._GRID_GRAPHS) == 2
+    monkeypatch.setattr(MM, "GRID_GRAPHS", "off")
+    for (q, k), (s, _), (plan, lists) in zip(inputs, grids, got, strict=True):
+        ref = plan_layer(q, k, heads, lay, block=64)
+        _same_plans(plan, lists, ref, ref._launch_lists)
+        assert plan.meta["stride"].unique().tolist() == [s]
+
+
+def test_offset_graph_bad_input():
+    from sparse_patterns._graphs import OffsetGraph
+
+    with pytest.raises(ValueError, match="expected one dtype, got torch.float16 and torch.float32"):
+        OffsetGraph(None, torch.zeros(2, dtype=torch.float16), torch.zeros(2))

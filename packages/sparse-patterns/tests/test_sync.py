@@ -113,15 +113,21 @@ def test_sync_recorder_sees_each_kind_of_sync():
         pytest.param([AShape(sink=16, window=64)] * 4, 1, id="ashape"),
     ],
 )
-def test_plan_layer_cuda_synchronisations(heads, n_reads):
-    """On CUDA: the same count, seen by the sync debug mode (which also sees blocking copies)."""
+def test_plan_layer_cuda_synchronisations(monkeypatch, heads, n_reads):
+    """On CUDA: the same count, seen by the sync debug mode (which also sees blocking copies)
+    and, for the fused Grid planner's CUDA graph (its read is an event wait, which the debug
+    mode does not see), by counting event waits."""
     torch.manual_seed(0)
     S = 4097
     q, k = _qk(S, device="cuda")
     lay = TokenLayout(torch.full((S,), 2, device="cuda"), tokens_per_frame=16)
     cfgs = [HeadConfig(h) for h in heads]
-    plan_layer(q, k, cfgs, lay, block=64)  # autotuning and caches synchronise once
+    for _ in range(2):  # autotuning, caches and the Grid graph's capture synchronise once
+        plan_layer(q, k, cfgs, lay, block=64)
     torch.cuda.synchronize()
+    waits = []
+    real = torch.cuda.Event.synchronize
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", lambda e: waits.append(e) or real(e))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -131,4 +137,5 @@ def test_plan_layer_cuda_synchronisations(heads, n_reads):
             torch.cuda.set_sync_debug_mode("default")
     # (the first use of the debug mode also warns that it is a prototype: not a sync)
     syncs = [w for w in seen if "called a synchronizing CUDA operation" in str(w.message)]
-    assert len(syncs) == n_reads
+    assert len(syncs) + len(waits) == n_reads
+    assert len(waits) == (heads[0] is GRID)  # the Grid layer replays its graph

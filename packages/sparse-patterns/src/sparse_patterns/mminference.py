@@ -30,6 +30,7 @@ from sparse_kernels.permuted.perms import grid_line_offsets, host_ints
 
 from . import estimate as E
 from ._device import heads_index, to_device
+from ._graphs import OffsetGraph
 from .layout import as_token_layout
 from .patterns import (
     AShape,
@@ -413,65 +414,132 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     the fold pass (interior and edge segments in one launch), its merge, the stride and phase
     search (``sparse_kernels.estimate.line_fold_search``), the permutation with each block's
     index (``grid_blocks_triton``) and the lists with their run split (what ``BlockPlan.run``
-    launches with). The lists are launched before the read of the candidate widths when a
-    width for the shape is on record (else, or when a row is wider, after it); the read is left
-    to ``meta["lists"]``, which ``plan_layer`` calls once the rest of the plan is built, so
-    that it waits only for the GPU. The same stride, phase, permutation, lists, runs and split
-    as the unfused path (tests compare). Each launch and allocation costs host time that a
-    128K-token layer notices, hence the shared buffers."""
+    launches with); :func:`_grid_fused_launch` launches them. The lists are launched before the
+    read of the candidate widths when a width for the shape is on record (else, or when a row
+    is wider, after it); the read is left to ``meta["lists"]``, which ``plan_layer`` calls once
+    the rest of the plan is built, so that it waits only for the GPU. With a width on record,
+    the launches are a CUDA graph (``GRID_GRAPHS``) captured for the shape and replayed for
+    every layer: one host call instead of five launches and their host work. The same stride,
+    phase, permutation, lists, runs and split as the unfused path (tests compare)."""
     S, blk, dev = ctx.S, ctx.block, ctx.q.device
     N = ctx.B * ctx.H
     n = min(L, S)
     P = math.lcm(*sp)
-    lo, hi = E.grid_window(P, S)
-    # The fold pass first: the host work below runs while the GPU computes it.
-    col, sl, seg = _fold_partials(
-        ctx.q[:, :, S - n :], ctx.k, S - n, period=P, lo=lo, hi=hi, scale=ctx.scale
-    )
     nb = -(-S // blk)
     # The lists are launched before the read of their width, as wide as the widest seen for this
     # shape and stride space (the read then waits for every kernel, and nothing is launched
     # after it); a wider row (the first call of a shape, or a wider stride choice) is launched
-    # again after the read. Their storage and the block index's are one allocation.
+    # again after the read.
     key = (N, S, blk, sp, dev)
     cap = _GRID_LISTS_CAP.get(key, 0)
-    n_blocks = grid_blocks_size(N, S, blk)
-    n_lists = grid_lists_size(N, nb, cap) if cap else 0
-    store = torch.empty(n_blocks + n_lists, dtype=torch.int32, device=dev)
-    buf = store[:n_blocks]
-    st, ph, _ = _search_partials(
-        col, sl, seg, P, S - n, stride_vector(sp, dev), 0.15, zero=buf[-2:]
-    )
     c0 = cfgs[0].pattern
     per_head = (
         ((c0.use_vline, c0.use_slash),) * len(cfgs)
         if all(c is cfgs[0] for c in cfgs)
         else tuple((c.pattern.use_vline, c.pattern.use_slash) for c in cfgs)
     )
-    flags = _head_flags(per_head, ctx.B, dev)
-    perm, blocks, v_hi, widths = grid_blocks_triton(
-        S, st, ph, flags[0], flags[1], blk, max(sp), buf=buf
-    )
-    kmin, qmax, s_lo, s_hi, runs = blocks.unbind()
-    early = None
-    if cap:
-        early = launch_grid_lists(
-            v_hi, s_lo, s_hi, kmin, qmax, widths, cap, nb, runs=runs, buf=store[n_blocks:]
-        )
+    q_rows, k = ctx.q[:, :, S - n :], ctx.k
+    gkey = None
+    if cap and GRID_GRAPHS == "auto" and dev.type == "cuda" and _unit_last(q_rows, k):
+        gkey = (key, cap, per_head, ctx.scale, OffsetGraph.key_of(q_rows, k))
+    graph = _GRID_GRAPHS.get(gkey) if gkey is not None else None
+    if graph is None:
+        launch = functools.partial(
+            _grid_fused_launch, S=S, P=P, scale=ctx.scale, strides=stride_vector(sp, dev),
+            max_stride=max(sp), block=blk, cap=cap, flags=_head_flags(per_head, ctx.B, dev),
+        )  # fmt: skip
+        if gkey is not None and not torch.cuda.is_current_stream_capturing():
+            if len(_GRID_GRAPHS) >= _GRID_GRAPHS_MAX:
+                del _GRID_GRAPHS[next(iter(_GRID_GRAPHS))]  # the oldest
+            graph = _GRID_GRAPHS[gkey] = OffsetGraph(launch, q_rows, k)
+    if graph is not None:
+        outs, read = graph(q_rows, k), graph.read
+    else:
+        _, outs, widths = launch(q_rows, k, None)
+        read = functools.partial(host_ints, widths)
+    st, ph, perm, runs_bh, kmin, qmax, s_lo, s_hi, runs, v_hi, widths, *early = outs
+    B, H = ctx.B, ctx.H
 
     def lists():
-        wv, ws = host_ints(widths)
+        """``(idx [B, H, NB, W], cnt [B, H, NB], run split or None)`` after the read."""
+        wv, ws = read()
         w = wv + ws + 1
-        if early is not None and w <= cap:
-            return _narrow_lists(early, w)
+        if early and w <= cap:
+            idx, cnt, rest, rc, starts, sc = early
+            return _narrow_lists((idx, cnt, (rest, rc, starts, sc)), w)
         if w > GRID_LISTS_MAX_WIDTH:
-            return (*grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb), None)
-        if grid_lists_size(N, nb, w) * 4 <= _GRID_LISTS_CAP_BYTES:
-            _GRID_LISTS_CAP[key] = w
-        return launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, widths, w, nb, runs=runs)
+            got = (*grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb), None)
+        else:
+            if grid_lists_size(N, nb, w) * 4 <= _GRID_LISTS_CAP_BYTES:
+                _GRID_LISTS_CAP[key] = w
+            got = launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, widths, w, nb, runs=runs)
+        idx, cnt, split = got
+        if split is not None:
+            split = tuple(t.view(B, H, *t.shape[1:]) for t in split)
+        return idx.view(B, H, nb, -1), cnt.view(B, H, nb), split
 
-    meta = {"stride": st, "phase": ph, "kv_runs": runs, "lists": lists}
+    meta = {"stride": st, "phase": ph, "kv_runs": runs_bh, "lists": lists}
     return None, None, perm, perm, meta
+
+
+def _unit_last(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether ``q`` and ``k`` share a dtype and have unit last strides (a graph's fold kernel
+    reads them in place)."""
+    return q.stride(-1) == 1 and k.stride(-1) == 1 and q.dtype == k.dtype
+
+
+def _grid_fused_launch(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    qk_offsets: torch.Tensor | None,
+    *,
+    S: int,
+    P: int,
+    scale: float,
+    strides: torch.Tensor,
+    max_stride: int,
+    block: int,
+    cap: int,
+    flags: torch.Tensor,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The launches of :func:`_plan_grid_fused`: ``(base, (stride [B, H], phase [B, H],
+    perm [B, H, S], runs [B, H, NB], kmin, qmax, s_lo, s_hi, runs, v_hi, widths[, idx, cnt,
+    rest, rest_cnt, starts, run_cnt]), widths)``, every output a view of ``base`` (one int32
+    allocation): the block index as ``grid_blocks_triton`` gives it (``[B * H, ...]``) and
+    what the plan keeps shaped as it keeps it (the lists ``[B, H, NB, cap]`` when ``cap``;
+    shaped here, so that a graph replay makes these views for free). No host read;
+    ``qk_offsets``: as ``_fold_partials`` takes it (an :class:`OffsetGraph`)."""
+    B, H, n, _ = q_rows.shape
+    N = B * H
+    lo, hi = E.grid_window(P, S)
+    # The fold pass first: the host work below runs while the GPU computes it.
+    col, sl, seg = _fold_partials(
+        q_rows, k, S - n, period=P, lo=lo, hi=hi, scale=scale, qk_offsets=qk_offsets
+    )
+    nb = -(-S // block)
+    n_blocks = grid_blocks_size(N, S, block)
+    n_lists = grid_lists_size(N, nb, cap) if cap else 0
+    # One allocation (each costs host time): strides and phases (int64), the block index, the
+    # lists.
+    base = torch.empty(4 * N + n_blocks + n_lists, dtype=torch.int32, device=q_rows.device)
+    buf = base[4 * N : 4 * N + n_blocks]
+    st, ph, _ = _search_partials(
+        col, sl, seg, P, S - n, strides, 0.15, zero=buf[-2:],
+        out=base[: 4 * N].view(torch.int64).view(2, N),
+    )  # fmt: skip
+    perm, blocks, v_hi, widths = grid_blocks_triton(
+        S, st, ph, flags[0], flags[1], block, max_stride, buf=buf
+    )
+    kmin, qmax, s_lo, s_hi, runs = blocks.unbind()
+    bh = lambda t: t.view(B, H, *t.shape[1:])  # noqa: E731
+    outs = (st.view(B, H), ph.view(B, H), bh(perm), bh(runs), kmin, qmax, s_lo, s_hi, runs, v_hi)
+    outs += (widths,)
+    if cap:
+        idx, cnt, rest = launch_grid_lists(
+            v_hi, s_lo, s_hi, kmin, qmax, widths, cap, nb, runs=runs, buf=base[4 * N + n_blocks :]
+        )
+        outs += tuple(map(bh, (idx, cnt, *rest)))
+    return base, outs, widths
 
 
 def _narrow_lists(lists: tuple, W: int) -> tuple:
@@ -564,6 +632,12 @@ GRID_FUSED = "auto"
 # shapes whose three lists take at most _GRID_LISTS_CAP_BYTES.
 _GRID_LISTS_CAP: dict[tuple, int] = {}
 _GRID_LISTS_CAP_BYTES = 256 << 20
+# The fused Grid planner's launches as a CUDA graph per shape, once its row width is on record:
+# "auto" (on CUDA), "off" (launched each call). Its kernel settings (``_FOLD_*``) are read at
+# capture; a graph holds its workspace and outputs (at 128K tokens about 20 MB).
+GRID_GRAPHS = "auto"
+_GRID_GRAPHS: dict[tuple, OffsetGraph] = {}
+_GRID_GRAPHS_MAX = 8
 _RUN_KINDS = ("dense", "a_shape", "tri_shape")
 _BOUNDARY_BLOCK_LEVEL = True  # False: every boundary head on the element path (tests compare)
 # Elements of one batch of run ranges ([N, runs, ranges per run], several int64 temporaries).
@@ -984,18 +1058,12 @@ def plan_layer(
 def _fused_grid_plan(ctx: _Ctx, res: tuple) -> BlockPlan:
     """The plan of a layer of Grid heads that ``_plan_grid_fused`` planned together (every head,
     in order): what :func:`_assemble` makes of that one group, without its merging."""
-    B, H, S, blk = ctx.B, ctx.H, ctx.S, ctx.block
-    _, _, perm, _, meta = res
-    nb = -(-S // blk)
-    stride = meta["stride"].view(B, H)
-    perm = perm.view(B, H, S)
+    _, _, perm, _, meta = res  # shaped [B, H, ...] by _grid_fused_launch
     idx, cnt, run_split = meta["lists"]()
-    if run_split is not None:
-        run_split = tuple(t.view(B, H, *t.shape[1:]) for t in run_split)
+    stride = meta["stride"]
     return BlockPlan(
-        idx.view(B, H, nb, -1), cnt.view(B, H, nb), perm, perm, blk, S,
-        {"stride": stride, "phase": meta["phase"].view(B, H)},
-        kv_runs=(meta["kv_runs"].view(B, H, nb), stride), run_split=run_split,
+        idx, cnt, perm, perm, ctx.block, ctx.S, {"stride": stride, "phase": meta["phase"]},
+        kv_runs=(meta["kv_runs"], stride), run_split=run_split,
     )  # fmt: skip
 
 
@@ -1065,8 +1133,7 @@ def _assemble(ctx: _Ctx, results: list, exact_vertical_lists: bool) -> BlockPlan
         parts["cnt"].append((hs, c.reshape(B, len(hs), nb)))
     if len(results) > 1:
         run_split = None  # split for one group of heads: the merged lists are split by run()
-    elif run_split is not None:  # one group: every head, in order
-        run_split = tuple(t.reshape(B, H, *t.shape[1:]) for t in run_split)
+    # (else one group: every head, in order, and the fused planner's split is [B, H, ...])
     maxb = max(t.shape[-1] for _, t in parts["idx"])
     return BlockPlan(
         merged("idx", (nb, maxb), torch.int32, lambda: torch.zeros(nb, maxb, **i32)),

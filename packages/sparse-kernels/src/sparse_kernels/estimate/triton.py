@@ -632,15 +632,27 @@ def _fold_interior_body(
 
 
 @triton.jit
+def _moved(q_ptr, k_ptr, qk_off_ptr, QK_OFF: tl.constexpr, QK_ALIGN: tl.constexpr):
+    """With ``QK_OFF``, ``q_ptr`` and ``k_ptr`` moved by the element offsets at ``qk_off_ptr``
+    (int64 ``[2]``, multiples of ``QK_ALIGN``): a CUDA graph of the launch then reads other
+    tensors of the same shape and strides from what its host writes there."""
+    if QK_OFF:
+        q_ptr += tl.multiple_of(tl.load(qk_off_ptr), QK_ALIGN)
+        k_ptr += tl.multiple_of(tl.load(qk_off_ptr + 1), QK_ALIGN)
+    return q_ptr, k_ptr
+
+
+@triton.jit
 def _line_folds_fwd_kernel(
-    q_ptr, k_ptr, ws_ptr, off_m, off_l, off_acol, off_asl,
+    q_ptr, k_ptr, ws_ptr, qk_off_ptr, off_m, off_l, off_acol, off_asl,
     stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s,
     H, GROUP, L, S, row_start, seg, n_sub, n_seg, seg_per_chunk, n_chunks, lo, hi, g_a, g_b,
     qk_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, QK_OFF: tl.constexpr, QK_ALIGN: tl.constexpr,
 ):  # fmt: skip
     # Every segment through the general body (a layout with no interior segments).
+    q_ptr, k_ptr = _moved(q_ptr, k_ptr, qk_off_ptr, QK_OFF, QK_ALIGN)
     _fold_body(
         tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, ws_ptr, off_m, off_l, off_acol,
         off_asl, stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s, H,
@@ -651,16 +663,17 @@ def _line_folds_fwd_kernel(
 
 @triton.jit
 def _line_folds_kernel(
-    q_ptr, k_ptr, ws_ptr, off_m, off_l, off_acol, off_asl, off_mi, off_li, off_ai,
+    q_ptr, k_ptr, ws_ptr, qk_off_ptr, off_m, off_l, off_acol, off_asl, off_mi, off_li, off_ai,
     stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s,
     H, GROUP, n_slots, L, S, row_start, seg, n_sub, n_seg, per_i, n_int, lo, hi, g_a, g_b,
     qk_scale, n_int_progs,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
-    HP: tl.constexpr, IEEE: tl.constexpr,
+    HP: tl.constexpr, IEEE: tl.constexpr, QK_OFF: tl.constexpr, QK_ALIGN: tl.constexpr,
 ):  # fmt: skip
     # One launch for a layout with interior segments: programs [0, n_int_progs) walk them
     # (``_fold_interior_body``), the others the edge segments before g_a and from g_b
     # (``_fold_body``, two runs per sub-tile and head). One launch less costs the host a launch.
+    q_ptr, k_ptr = _moved(q_ptr, k_ptr, qk_off_ptr, QK_OFF, QK_ALIGN)
     pid = tl.program_id(0)
     bkv = tl.program_id(1)
     if pid < n_int_progs:
@@ -855,13 +868,30 @@ def _fold_partials(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    qk_offsets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The fold kernel and its merge: ``(col [B * H, row groups, seg_w], sl [B * H, L, seg_w],
     seg)``, float32. ``col`` summed over its row groups and ``sl`` over its rows (after each
     row's offset-class gather) are the folds of a segment of ``seg`` positions (a multiple of
-    the period); positions ``seg_w ..`` of the segment hold nothing."""
+    the period); positions ``seg_w ..`` of the segment hold nothing.
+
+    ``qk_offsets``: int64 ``[2]`` on the device; the fold kernel then reads the rows and keys at
+    those element offsets from ``q_rows`` and ``k`` (tensors of their shape, strides and dtype
+    there; multiples of 16 bytes), so that a CUDA graph of these launches serves other inputs
+    (``sparse_patterns.mminference`` writes them before each replay). ``q_rows`` and ``k``
+    must then have unit last strides (no copy is made)."""
     B, H, L, D = q_rows.shape
     H_KV, S = k.shape[1], k.shape[2]
+    if qk_offsets is not None:
+        if q_rows.stride(-1) != 1 or k.stride(-1) != 1:
+            raise ValueError(
+                f"qk_offsets: expected q_rows and k with unit last strides, got strides "
+                f"{q_rows.stride()} and {k.stride()}"
+            )
+        if qk_offsets.dtype != torch.int64 or tuple(qk_offsets.shape) != (2,):
+            raise ValueError(
+                f"qk_offsets: expected int64 [2], got {qk_offsets.dtype} {list(qk_offsets.shape)}"
+            )
     q_rows = q_rows if q_rows.stride(-1) == 1 else q_rows.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     f = _fold_setup(
@@ -875,15 +905,18 @@ def _fold_partials(
     strides = (q_rows.stride(0), q_rows.stride(1), q_rows.stride(2))
     strides += (k.stride(0), k.stride(1), k.stride(2))
     sc = scale * LOG2E
+    moved = qk_offsets is not None
+    ptrs = (q_rows, k, ws, qk_offsets if moved else ws)
+    align = dict(QK_OFF=moved, QK_ALIGN=16 // q_rows.element_size() if moved else 1)
     if f.edges:
         launch(
-            _line_folds_kernel, f.grid_i, (q_rows, k, ws), (*o[:7], *strides, *f.args_i, sc,
-            f.n_int_progs), **f.meta_i,
+            _line_folds_kernel, f.grid_i, ptrs, (*o[:7], *strides, *f.args_i, sc, f.n_int_progs),
+            **f.meta_i, **align,
         )  # fmt: skip
     else:
         launch(
-            _line_folds_fwd_kernel, f.grid, (q_rows, k, ws), (*o[:4], *strides, *f.args, sc),
-            **f.meta,
+            _line_folds_fwd_kernel, f.grid, ptrs, (*o[:4], *strides, *f.args, sc), **f.meta,
+            **align,
         )  # fmt: skip
     launch(
         _line_folds_merge_kernel, f.grid_m, (ws,), (*o, *f.args_m), **f.meta_m,
@@ -1115,17 +1148,23 @@ def _search_partials(
     strides: torch.Tensor,
     rel_tol: float,
     zero: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_fold_search_kernel`` on merged partials (see :func:`_fold_partials`): ``(stride,
     phase, score)``, each ``[B * H]``; the search of :func:`_fold_tail`'s folds. ``zero``: an
-    int32 tensor of at most ``next_power_of_2(P)`` entries the kernel sets to 0."""
+    int32 tensor of at most ``next_power_of_2(P)`` entries the kernel sets to 0. ``out``:
+    int64 ``[2, B * H]`` storage for the strides and phases (else one allocation here)."""
     BH, n_g, seg_w = col.shape
     L = sl.shape[1]
     dev = col.device
     block_p, meta = _search_setup(P, strides.shape[0])
     buf = torch.empty(BH * (2 * block_p + 1), dtype=torch.float32, device=dev)
     scratch, score = buf[: BH * 2 * block_p], buf[BH * 2 * block_p :]
-    st, ph = torch.empty(2, BH, dtype=torch.int64, device=dev).unbind()
+    if out is None:
+        out = torch.empty(2, BH, dtype=torch.int64, device=dev)
+    elif out.dtype != torch.int64 or tuple(out.shape) != (2, BH):
+        raise ValueError(f"out: expected int64 [2, {BH}], got {out.dtype} {list(out.shape)}")
+    st, ph = out.unbind()
     n_zero = 0 if zero is None else zero.numel()
     if n_zero > block_p:
         raise ValueError(f"zero: expected at most {block_p} entries, got {n_zero}")

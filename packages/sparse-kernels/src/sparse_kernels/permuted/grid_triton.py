@@ -186,9 +186,10 @@ def grid_blocks_triton(
     if buf is None:
         buf = grid_blocks_buffer(N, S, block, stride.device)
         buf[-2:].zero_()
-    at = N * S + 5 * N * nb
-    perm = buf.as_strided((N, S), (S, 1), 0)
-    blocks = buf.as_strided((5, N, nb), (N * nb, nb, 1), N * S)
+    o = buf.storage_offset()  # (buf may be a slice of a larger allocation)
+    at = o + N * S + 5 * N * nb
+    perm = buf.as_strided((N, S), (S, 1), o)
+    blocks = buf.as_strided((5, N, nb), (N * nb, nb, 1), o + N * S)
     v_hi = buf.as_strided((N,), (1,), at)
     widths = buf.as_strided((2,), (1,), at + N)
     block_b = triton.next_power_of_2(block)

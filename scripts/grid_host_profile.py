@@ -158,6 +158,46 @@ def _timeline(fn) -> list[str]:
     return [r for _, r in sorted(rows)]
 
 
+def _graph_path(fn, MM, n: int) -> dict:
+    """Host time from the call's start to the graph's replay, to the return of the widths
+    read, and from there to the call's end (the GPU idle at each start): with the graph, the
+    host parts before the replay and after the read are what the estimation adds to its GPU
+    chain."""
+    marks: dict[str, float] = {}
+    replay, read = torch.cuda.CUDAGraph.replay, MM.OffsetGraph.read
+
+    def timed_replay(self):
+        marks["replay"] = time.perf_counter()
+        return replay(self)
+
+    def timed_read(self):
+        try:
+            return read(self)
+        finally:
+            marks["read"] = time.perf_counter()
+
+    torch.cuda.CUDAGraph.replay, MM.OffsetGraph.read = timed_replay, timed_read
+    acc: dict[str, list[float]] = {}
+    try:
+        for _ in range(n):
+            torch.cuda.synchronize()
+            marks.clear()
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            if len(marks) == 2:
+                for key, v in (
+                    ("to_replay", marks["replay"] - t0),
+                    ("to_read_return", marks["read"] - t0),
+                    ("after_read", t1 - marks["read"]),
+                    ("total", t1 - t0),
+                ):
+                    acc.setdefault(key, []).append(v * 1e6)
+    finally:
+        torch.cuda.CUDAGraph.replay, MM.OffsetGraph.read = replay, read
+    return {key: round(statistics.median(v), 1) for key, v in acc.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=131072)
@@ -204,6 +244,7 @@ def main() -> None:
         (MM, "BlockPlan"),
     ]
     print("stages (ms, inclusive, median):", _stages(fn, targets, a.rep))
+    print("graph critical path (us, median):", _graph_path(fn, MM, a.rep))
     # The estimation as bench_grid.py times it (CUDA events around plan_layer + run split): the
     # launches replayed as a CUDA graph (MM.GRID_GRAPHS) or launched, through the direct launch
     # path or not (launch.DIRECT = False), in this process.

@@ -8,7 +8,7 @@ TAG=$1; RUNS=${2:-3}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } > $OUT/env.txt 2>&1
 if [ -n "${TESTS:-}" ]; then
-  SPARSE_KERNELS_AUTOTUNE=0 timeout 400 python3 -m pytest $TESTS -q -n 8 -p no:cacheprovider > $OUT/tests-$TAG.txt 2>&1
+  SPARSE_KERNELS_AUTOTUNE=0 timeout ${TESTS_TIMEOUT:-400} python3 -m pytest $TESTS -m "not slow" -q -n 8 -p no:cacheprovider > $OUT/tests-$TAG.txt 2>&1
   tail -3 $OUT/tests-$TAG.txt
 fi
 for r in $(seq 1 $RUNS); do
@@ -16,6 +16,11 @@ for r in $(seq 1 $RUNS); do
     --benchmark-only --benchmark-json=$OUT/g128-$TAG-run$r.json -p no:cacheprovider -o python_files='bench_*.py' -q > /dev/null 2>&1
   python3 scripts/bench_summary.py $OUT/g128-$TAG-run$r.json
 done
+if [ -n "${LONG:-}" ]; then
+  timeout 300 python3 -m pytest packages/sparse-patterns/benchmarks/bench_grid.py -k "test_grid_vs_dense and (512K or 1M) and ours" \
+    --benchmark-only --benchmark-json=$OUT/g512k-1m-$TAG.json -p no:cacheprovider -o python_files='bench_*.py' -q > /dev/null 2>&1
+  python3 scripts/bench_summary.py $OUT/g512k-1m-$TAG.json
+fi
 if [ -n "${PROFILE:-}" ]; then
   timeout 200 python3 scripts/grid_host_profile.py --seq 131072 > $OUT/profile-$TAG.txt 2>&1; head -3 $OUT/profile-$TAG.txt
 fi

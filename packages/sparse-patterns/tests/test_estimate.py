@@ -551,6 +551,9 @@ def test_plan_layer_fused_grid_replays_a_cuda_graph_gpu(monkeypatch):
         got.append((plan, plan._launch_lists))
     assert len(replays) == 4 and len(set(replays)) == 2  # calls 2, 3 and 4, 5: two widths
     assert len(MM._GRID_GRAPHS) == 2
+    monkeypatch.setattr(MM, "_GRID_GRAPHS_MAX_KEYS", S - 1)  # past it: launched, no graph
+    plan_layer(*inputs[0], heads, lay, block=64)
+    assert len(replays) == 4 and len(MM._GRID_GRAPHS) == 2
     monkeypatch.setattr(MM, "GRID_GRAPHS", "off")
     for (q, k), (s, _), (plan, lists) in zip(inputs, grids, got, strict=True):
         ref = plan_layer(q, k, heads, lay, block=64)

@@ -326,8 +326,8 @@ def _plan_grid(ctx: _Ctx, hs, cfgs) -> tuple:
                 f"for S={ctx.S} and tokens_per_frame={ctx.layout.tokens_per_frame}"
             )
         spaces.setdefault(sp, []).extend(range(N) if one else range(i, N, Hg))
-    if _fused_grid_fits(ctx, hs, cfgs, spaces, L):
-        return _plan_grid_fused(ctx, cfgs, next(iter(spaces)), L)
+    if _fused_grid_fits(ctx, hs, cfgs[:1] if one else cfgs, spaces, L):
+        return _plan_grid_fused(ctx, cfgs, next(iter(spaces)), L, one)
     stride = torch.zeros(N, dtype=torch.int64, device=dev)
     phase = torch.zeros(N, dtype=torch.int64, device=dev)
     if len({math.lcm(*sp) for sp in spaces if _folds_fit(math.lcm(*sp), ctx.S)}) > 1:
@@ -409,7 +409,7 @@ def _head_flags(flags: tuple[tuple[bool, ...], ...], B: int, device: torch.devic
     return to_device(torch.tensor(flags, dtype=torch.int32).T.repeat(1, B), device)
 
 
-def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
+def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int, one: bool) -> tuple:
     """:func:`_plan_grid` in five launches and one host read (see :func:`_fused_grid_fits`):
     the fold pass (interior and edge segments in one launch), its merge, the stride and phase
     search (``sparse_kernels.estimate.line_fold_search``), the permutation with each block's
@@ -420,7 +420,8 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     the rest of the plan is built, so that it waits only for the GPU. With a width on record,
     the launches are a CUDA graph (``GRID_GRAPHS``) captured for the shape and replayed for
     every layer: one host call instead of five launches and their host work. The same stride,
-    phase, permutation, lists, runs and split as the unfused path (tests compare)."""
+    phase, permutation, lists, runs and split as the unfused path (tests compare). ``one``:
+    every head has the config object ``cfgs[0]``."""
     S, blk, dev = ctx.S, ctx.block, ctx.q.device
     N = ctx.B * ctx.H
     n = min(L, S)
@@ -433,17 +434,19 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
     key = (N, S, blk, sp, dev)
     cap = _GRID_LISTS_CAP.get(key, 0)
     c0 = cfgs[0].pattern
-    per_head = (
-        ((c0.use_vline, c0.use_slash),) * len(cfgs)
-        if all(c is cfgs[0] for c in cfgs)
+    # The line flags: (vertical, slash) when one config serves every head, else per head.
+    flags = (
+        (c0.use_vline, c0.use_slash)
+        if one
         else tuple((c.pattern.use_vline, c.pattern.use_slash) for c in cfgs)
     )
-    q_rows, k = ctx.q[:, :, S - n :], ctx.k
+    q_rows, k = ctx.q.narrow(2, S - n, n), ctx.k
     gkey = None
-    if cap and GRID_GRAPHS == "auto" and dev.type == "cuda" and _unit_last(q_rows, k):
-        gkey = (key, cap, per_head, ctx.scale, OffsetGraph.key_of(q_rows, k))
+    if cap and _graphs_fit(dev, S, q_rows, k):
+        gkey = (key, cap, one, flags, ctx.scale, OffsetGraph.key_of(q_rows, k))
     graph = _GRID_GRAPHS.get(gkey) if gkey is not None else None
     if graph is None:
+        per_head = (flags,) * len(cfgs) if one else flags
         launch = functools.partial(
             _grid_fused_launch, S=S, P=P, scale=ctx.scale, strides=stride_vector(sp, dev),
             max_stride=max(sp), block=blk, cap=cap, flags=_head_flags(per_head, ctx.B, dev),
@@ -459,14 +462,17 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
         read = functools.partial(host_ints, widths)
     st, ph, perm, runs_bh, kmin, qmax, s_lo, s_hi, runs, v_hi, widths, *early = outs
     B, H = ctx.B, ctx.H
+    if early:
+        idx, cnt, rest, rc, starts, sc = early
+        early = (idx, cnt, (rest, rc, starts, sc))
 
     def lists():
-        """``(idx [B, H, NB, W], cnt [B, H, NB], run split or None)`` after the read."""
+        """``(idx [B, H, NB, W], cnt [B, H, NB], run split or None)`` after the read: the
+        early lists themselves (``meta["early"]``) when they are as wide as the rows."""
         wv, ws = read()
         w = wv + ws + 1
         if early and w <= cap:
-            idx, cnt, rest, rc, starts, sc = early
-            return _narrow_lists((idx, cnt, (rest, rc, starts, sc)), w)
+            return _narrow_lists(early, w)
         if w > GRID_LISTS_MAX_WIDTH:
             got = (*grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb), None)
         else:
@@ -478,13 +484,16 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int) -> tuple:
             split = tuple(t.view(B, H, *t.shape[1:]) for t in split)
         return idx.view(B, H, nb, -1), cnt.view(B, H, nb), split
 
-    meta = {"stride": st, "phase": ph, "kv_runs": runs_bh, "lists": lists}
+    meta = {"stride": st, "phase": ph, "kv_runs": runs_bh, "lists": lists, "early": early}
     return None, None, perm, perm, meta
 
 
-def _unit_last(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether ``q`` and ``k`` share a dtype and have unit last strides (a graph's fold kernel
-    reads them in place)."""
+def _graphs_fit(dev: torch.device, S: int, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the fused Grid planner replays a graph (``GRID_GRAPHS``) on ``dev`` for ``S``
+    tokens: on CUDA, up to ``_GRID_GRAPHS_MAX_KEYS``, with ``q`` and ``k`` of one dtype and
+    unit last strides (a graph's fold kernel reads them in place)."""
+    if GRID_GRAPHS != "auto" or dev.type != "cuda" or S > _GRID_GRAPHS_MAX_KEYS:
+        return False
     return q.stride(-1) == 1 and k.stride(-1) == 1 and q.dtype == k.dtype
 
 
@@ -638,6 +647,11 @@ _GRID_LISTS_CAP_BYTES = 256 << 20
 GRID_GRAPHS = "auto"
 _GRID_GRAPHS: dict[tuple, OffsetGraph] = {}
 _GRID_GRAPHS_MAX = 8
+# Longest sequence planned through a graph: a replay copies its outputs (the permutation and
+# lists, 4 bytes per head and token and more), and at 1M tokens on an H100 that copy made the
+# graph 0.2 ms slower than the launches, whose host time the GPU work hides at that length
+# (grid_and_boundaries.md section 12); at 512K the graph was still 0.08 ms faster.
+_GRID_GRAPHS_MAX_KEYS = 1 << 19
 _RUN_KINDS = ("dense", "a_shape", "tri_shape")
 _BOUNDARY_BLOCK_LEVEL = True  # False: every boundary head on the element path (tests compare)
 # Elements of one batch of run ranges ([N, runs, ranges per run], several int64 temporaries).
@@ -1059,12 +1073,23 @@ def _fused_grid_plan(ctx: _Ctx, res: tuple) -> BlockPlan:
     """The plan of a layer of Grid heads that ``_plan_grid_fused`` planned together (every head,
     in order): what :func:`_assemble` makes of that one group, without its merging."""
     _, _, perm, _, meta = res  # shaped [B, H, ...] by _grid_fused_launch
-    idx, cnt, run_split = meta["lists"]()
     stride = meta["stride"]
-    return BlockPlan(
-        idx, cnt, perm, perm, ctx.block, ctx.S, {"stride": stride, "phase": meta["phase"]},
-        kv_runs=(meta["kv_runs"], stride), run_split=run_split,
-    )  # fmt: skip
+
+    def plan(lists: tuple) -> BlockPlan:
+        idx, cnt, run_split = lists
+        return BlockPlan(
+            idx, cnt, perm, perm, ctx.block, ctx.S, {"stride": stride, "phase": meta["phase"]},
+            kv_runs=(meta["kv_runs"], stride), run_split=run_split,
+        )  # fmt: skip
+
+    early = meta["early"]
+    if early:
+        # The plan of the early lists, and the lists its run() launches with, made while the
+        # GPU works: the read of the widths below usually finds the rows that wide.
+        guess = plan(early)
+        guess._launch_lists  # noqa: B018 (a cached property, made here)
+    got = meta["lists"]()
+    return guess if early and got is early else plan(got)
 
 
 def _assemble(ctx: _Ctx, results: list, exact_vertical_lists: bool) -> BlockPlan:

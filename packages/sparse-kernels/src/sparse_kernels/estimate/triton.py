@@ -875,11 +875,12 @@ def _fold_partials(
     row's offset-class gather) are the folds of a segment of ``seg`` positions (a multiple of
     the period); positions ``seg_w ..`` of the segment hold nothing.
 
-    ``qk_offsets``: int64 ``[2]`` on the device; the fold kernel then reads the rows and keys at
-    those element offsets from ``q_rows`` and ``k`` (tensors of their shape, strides and dtype
-    there; multiples of 16 bytes), so that a CUDA graph of these launches serves other inputs
-    (``sparse_patterns.mminference`` writes them before each replay). ``q_rows`` and ``k``
-    must then have unit last strides (no copy is made)."""
+    ``qk_offsets``: int64 ``[2]`` on the device or in page-locked host memory (which the kernel
+    reads directly); the fold kernel then reads the rows and keys at those element offsets
+    from ``q_rows`` and ``k`` (tensors of their shape, strides and dtype there; multiples of
+    16 bytes), so that a CUDA graph of these launches serves other inputs
+    (``sparse_patterns._graphs`` writes them before each replay). ``q_rows`` and ``k`` must
+    then have unit last strides (no copy is made)."""
     B, H, L, D = q_rows.shape
     H_KV, S = k.shape[1], k.shape[2]
     if qk_offsets is not None:

@@ -518,11 +518,11 @@ def _same_plans(a, la, b, lb):
 
 @pytest.mark.gpu
 def test_plan_layer_fused_grid_replays_a_cuda_graph_gpu(monkeypatch):
-    """From the second call of a shape the fused planner replays a CUDA graph of its launches.
+    """The first call of a shape captures a CUDA graph of the fused launches; later calls replay it.
     For other q and k (other addresses, other grids) each plan equals the plan launched
     without graphs, entry for entry, also after later replays (a plan never aliases the
     graph's memory); a call whose rows are wider than the recorded width (the stride-4 grid)
-    launches its lists again after the read, and the next call captures a graph that wide."""
+    launches its lists again after the read and captures a graph that wide for the next call."""
     from sparse_patterns import HeadConfig
     from sparse_patterns import mminference as MM
 

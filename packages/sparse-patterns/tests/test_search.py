@@ -188,16 +188,23 @@ def _search_cuda(q, k, v, lay, table):
 
 @pytest.mark.gpu
 def test_search_measures_kernel_cost_on_gpu_and_caches_it(tmp_path):
+    """Every candidate and the budget pattern are timed once and written to the table; a second
+    search times none of them again. (It may time new boundary variants: the two best intra
+    candidates it extends with boundaries can swap between searches when their scores are
+    close; on an H100 the second one was A-shape in one search and Vertical-Slash in another.)"""
     from sparse_patterns import CostTable
 
     q, k, v, lay = _mixed_layer_cuda()
     table = CostTable(tmp_path / "costs.json")
     chosen, info = _search_cuda(q, k, v, lay, table)
     assert info["cost_model"] == "measured_estimation_plus_kernel_ms"
-    n = len(CostTable(tmp_path / "costs.json").table)
-    assert n == info["n_candidates"] + 1  # every candidate + the budget pattern, timed once
+    first = set(CostTable(tmp_path / "costs.json").table)
+    assert len(first) == info["n_candidates"] + 1  # every candidate + the budget pattern
+    timed = []
+    put = table.put
+    table.put = lambda key, value: timed.append(key) or put(key, value)
     chosen2, _ = _search_cuda(q, k, v, lay, table)
-    assert len(CostTable(tmp_path / "costs.json").table) == n
+    assert not set(timed) & first
     assert all(c.pattern.kind in ("grid", "vertical_slash", "a_shape") for c in chosen + chosen2)
 
 

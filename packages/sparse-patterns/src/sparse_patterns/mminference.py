@@ -419,7 +419,8 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int, one: bool) ->
     is wider, after it); the read is left to ``meta["lists"]``, which ``plan_layer`` calls once
     the rest of the plan is built, so that it waits only for the GPU. With a width on record,
     the launches are a CUDA graph (``GRID_GRAPHS``) captured for the shape and replayed for
-    every layer: one host call instead of five launches and their host work. The same stride,
+    every layer: one host call instead of five launches and their host work (captured by the
+    call that records the width, after its read). The same stride,
     phase, permutation, lists, runs and split as the unfused path (tests compare). ``one``:
     every head has the config object ``cfgs[0]``."""
     S, blk, dev = ctx.S, ctx.block, ctx.q.device
@@ -441,24 +442,33 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int, one: bool) ->
         else tuple((c.pattern.use_vline, c.pattern.use_slash) for c in cfgs)
     )
     q_rows, k = ctx.q.narrow(2, S - n, n), ctx.k
-    gkey = None
-    if cap and _graphs_fit(dev, S, q_rows, k):
-        gkey = (key, cap, one, flags, ctx.scale, OffsetGraph.key_of(q_rows, k))
-    graph = _GRID_GRAPHS.get(gkey) if gkey is not None else None
-    if graph is None:
+    fits = _graphs_fit(dev, S, q_rows, k)
+
+    def launch_for(c: int):
         per_head = (flags,) * len(cfgs) if one else flags
-        launch = functools.partial(
+        return functools.partial(
             _grid_fused_launch, S=S, P=P, scale=ctx.scale, strides=stride_vector(sp, dev),
-            max_stride=max(sp), block=blk, cap=cap, flags=_head_flags(per_head, ctx.B, dev),
+            max_stride=max(sp), block=blk, cap=c, flags=_head_flags(per_head, ctx.B, dev),
         )  # fmt: skip
-        if gkey is not None and not torch.cuda.is_current_stream_capturing():
+
+    def graph_for(c: int) -> OffsetGraph | None:
+        """The graph of the launches with lists ``c`` wide, captured if missing (None while the
+        stream is being captured by someone else)."""
+        gkey = (key, c, one, flags, ctx.scale, OffsetGraph.key_of(q_rows, k))
+        graph = _GRID_GRAPHS.get(gkey)
+        if graph is None and not torch.cuda.is_current_stream_capturing():
             if len(_GRID_GRAPHS) >= _GRID_GRAPHS_MAX:
                 del _GRID_GRAPHS[next(iter(_GRID_GRAPHS))]  # the oldest
-            graph = _GRID_GRAPHS[gkey] = OffsetGraph(launch, q_rows, k)
+            graph = _GRID_GRAPHS[gkey] = OffsetGraph(launch_for(c), q_rows, k)
+        return graph
+
+    # A graph is captured by the call that records a width (below, after its read: a call that
+    # launches its lists again anyway), so that a timed later call only replays it.
+    graph = graph_for(cap) if cap and fits else None
     if graph is not None:
         outs, read = graph(q_rows, k), graph.read
     else:
-        _, outs, widths = launch(q_rows, k, None)
+        _, outs, widths = launch_for(cap)(q_rows, k, None)
         read = functools.partial(host_ints, widths)
     st, ph, perm, runs_bh, kmin, qmax, s_lo, s_hi, runs, v_hi, widths, *early = outs
     B, H = ctx.B, ctx.H
@@ -476,9 +486,11 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int, one: bool) ->
         if w > GRID_LISTS_MAX_WIDTH:
             got = (*grid_candidate_lists(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nb), None)
         else:
+            got = launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, widths, w, nb, runs=runs)
             if grid_lists_size(N, nb, w) * 4 <= _GRID_LISTS_CAP_BYTES:
                 _GRID_LISTS_CAP[key] = w
-            got = launch_grid_lists(v_hi, s_lo, s_hi, kmin, qmax, widths, w, nb, runs=runs)
+                if fits:
+                    graph_for(w)
         idx, cnt, split = got
         if split is not None:
             split = tuple(t.view(B, H, *t.shape[1:]) for t in split)

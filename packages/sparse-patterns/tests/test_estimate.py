@@ -511,7 +511,12 @@ def _same_plans(a, la, b, lb):
 
 
 @pytest.mark.gpu
-def test_plan_layer_fused_grid_replays_a_cuda_graph_gpu(monkeypatch):
+@pytest.mark.parametrize(
+    "H, H_KV, S",
+    [(4, 2, 4000), pytest.param(3, 1, 4096, id="odd-heads-odd-int32-count")],
+    ids=str,
+)
+def test_plan_layer_fused_grid_replays_a_cuda_graph_gpu(monkeypatch, H, H_KV, S):
     """The first call of a shape captures a CUDA graph of the fused launches; later calls replay it.
     For other q and k (other addresses, other grids) each plan equals the plan launched
     without graphs, entry for entry, also after later replays (a plan never aliases the
@@ -530,7 +535,7 @@ def test_plan_layer_fused_grid_replays_a_cuda_graph_gpu(monkeypatch):
     monkeypatch.setattr(MM, "OffsetGraph", Counted)
     monkeypatch.setattr(MM, "_GRID_LISTS_CAP", {})
     monkeypatch.setattr(MM, "_GRID_GRAPHS", {})
-    S, H, H_KV, D = 4000, 4, 2, 64
+    D = 64
     heads = [HeadConfig(Grid())] * H
     lay = TokenLayout(torch.full((S,), 2, device=DEV), tokens_per_frame=16)
     grids = [(8, 3), (16, 5), (4, 1), (8, 6), (4, 2)]
@@ -545,7 +550,7 @@ def test_plan_layer_fused_grid_replays_a_cuda_graph_gpu(monkeypatch):
         got.append((plan, plan._launch_lists))
     assert len(replays) == 4 and len(set(replays)) == 2  # calls 2, 3 and 4, 5: two widths
     assert len(MM._GRID_GRAPHS) == 2
-    monkeypatch.setattr(MM, "_GRID_GRAPHS_MAX_KEYS", S - 1)  # past it: launched, no graph
+    monkeypatch.setattr(MM, "_GRID_GRAPHS_MAX_S", S - 1)  # past it: launched, no graph
     plan_layer(*inputs[0], heads, lay, block=64)
     assert len(replays) == 4 and len(MM._GRID_GRAPHS) == 2
     monkeypatch.setattr(MM, "GRID_GRAPHS", "off")
@@ -556,7 +561,16 @@ def test_plan_layer_fused_grid_replays_a_cuda_graph_gpu(monkeypatch):
 
 
 def test_offset_graph_bad_input():
-    from sparse_patterns._graphs import OffsetGraph
+    from sparse_patterns._graphs import OffsetGraph, _check_outputs
 
     with pytest.raises(ValueError, match="expected one dtype, got torch.float16 and torch.float32"):
         OffsetGraph(None, torch.zeros(2, dtype=torch.float16), torch.zeros(2))
+    base = torch.zeros(10, dtype=torch.int32)
+    _check_outputs(base, (base[2:4], base[:4].view(torch.int64)))  # what a launch may return
+    with pytest.raises(ValueError, match="its own allocation, got storage offset 1"):
+        _check_outputs(base[1:], ())
+    with pytest.raises(ValueError, match="view of its base, got output 1 outside it"):
+        _check_outputs(base, (base[:2], torch.zeros(2, dtype=torch.int32)))
+    odd = torch.zeros(9, dtype=torch.int32)
+    with pytest.raises(ValueError, match="whole number of torch.int64 elements .output 0., got 36"):
+        _check_outputs(odd, (odd[:4].view(torch.int64),))

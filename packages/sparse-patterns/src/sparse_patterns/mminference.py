@@ -459,7 +459,15 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int, one: bool) ->
         if graph is None and not torch.cuda.is_current_stream_capturing():
             if len(_GRID_GRAPHS) >= _GRID_GRAPHS_MAX:
                 del _GRID_GRAPHS[next(iter(_GRID_GRAPHS))]  # the oldest
-            graph = _GRID_GRAPHS[gkey] = OffsetGraph(launch_for(c), q_rows, k)
+            try:
+                graph = OffsetGraph(launch_for(c), q_rows, k)
+            except Exception as e:
+                raise RuntimeError(
+                    f"capturing the fused Grid planner's CUDA graph failed ({e}); with "
+                    f"sparse_patterns.mminference.GRID_GRAPHS = 'off' it launches its kernels "
+                    f"on every call instead"
+                ) from e
+            _GRID_GRAPHS[gkey] = graph
         return graph
 
     # A graph is captured by the call that records a width (below, after its read: a call that
@@ -502,9 +510,9 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int, one: bool) ->
 
 def _graphs_fit(dev: torch.device, S: int, q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether the fused Grid planner replays a graph (``GRID_GRAPHS``) on ``dev`` for ``S``
-    tokens: on CUDA, up to ``_GRID_GRAPHS_MAX_KEYS``, with ``q`` and ``k`` of one dtype and
+    tokens: on CUDA, up to ``_GRID_GRAPHS_MAX_S``, with ``q`` and ``k`` of one dtype and
     unit last strides (a graph's fold kernel reads them in place)."""
-    if GRID_GRAPHS != "auto" or dev.type != "cuda" or S > _GRID_GRAPHS_MAX_KEYS:
+    if GRID_GRAPHS != "auto" or dev.type != "cuda" or S > _GRID_GRAPHS_MAX_S:
         return False
     return q.stride(-1) == 1 and k.stride(-1) == 1 and q.dtype == k.dtype
 
@@ -522,7 +530,7 @@ def _grid_fused_launch(
     block: int,
     cap: int,
     flags: torch.Tensor,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
     """The launches of :func:`_plan_grid_fused`: ``(base, (stride [B, H], phase [B, H],
     perm [B, H, S], runs [B, H, NB], kmin, qmax, s_lo, s_hi, runs, v_hi, widths[, idx, cnt,
     rest, rest_cnt, starts, run_cnt]), widths)``, every output a view of ``base`` (one int32
@@ -542,7 +550,9 @@ def _grid_fused_launch(
     n_lists = grid_lists_size(N, nb, cap) if cap else 0
     # One allocation (each costs host time): strides and phases (int64), the block index, the
     # lists.
-    base = torch.empty(4 * N + n_blocks + n_lists, dtype=torch.int32, device=q_rows.device)
+    size = 4 * N + n_blocks + n_lists
+    size += size % 2  # a whole number of int64 (a graph views a copy of it as int64 too)
+    base = torch.empty(size, dtype=torch.int32, device=q_rows.device)
     buf = base[4 * N : 4 * N + n_blocks]
     st, ph, _ = _search_partials(
         col, sl, seg, P, S - n, strides, 0.15, zero=buf[-2:],
@@ -663,7 +673,7 @@ _GRID_GRAPHS_MAX = 8
 # lists, 4 bytes per head and token and more), and at 1M tokens on an H100 that copy made the
 # graph 0.2 ms slower than the launches, whose host time the GPU work hides at that length
 # (grid_and_boundaries.md section 12); at 512K the graph was still 0.08 ms faster.
-_GRID_GRAPHS_MAX_KEYS = 1 << 19
+_GRID_GRAPHS_MAX_S = 1 << 19
 _RUN_KINDS = ("dense", "a_shape", "tri_shape")
 _BOUNDARY_BLOCK_LEVEL = True  # False: every boundary head on the element path (tests compare)
 # Elements of one batch of run ranges ([N, runs, ranges per run], several int64 temporaries).

@@ -632,7 +632,7 @@ def _fold_interior_body(
 
 
 @triton.jit
-def _moved(q_ptr, k_ptr, qk_off_ptr, QK_OFF: tl.constexpr, QK_ALIGN: tl.constexpr):
+def _offset_qk_ptrs(q_ptr, k_ptr, qk_off_ptr, QK_OFF: tl.constexpr, QK_ALIGN: tl.constexpr):
     """With ``QK_OFF``, ``q_ptr`` and ``k_ptr`` moved by the element offsets at ``qk_off_ptr``
     (int64 ``[2]``, multiples of ``QK_ALIGN``): a CUDA graph of the launch then reads other
     tensors of the same shape and strides from what its host writes there."""
@@ -652,7 +652,7 @@ def _line_folds_fwd_kernel(
     IEEE: tl.constexpr, QK_OFF: tl.constexpr, QK_ALIGN: tl.constexpr,
 ):  # fmt: skip
     # Every segment through the general body (a layout with no interior segments).
-    q_ptr, k_ptr = _moved(q_ptr, k_ptr, qk_off_ptr, QK_OFF, QK_ALIGN)
+    q_ptr, k_ptr = _offset_qk_ptrs(q_ptr, k_ptr, qk_off_ptr, QK_OFF, QK_ALIGN)
     _fold_body(
         tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, ws_ptr, off_m, off_l, off_acol,
         off_asl, stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s, H,
@@ -673,7 +673,7 @@ def _line_folds_kernel(
     # One launch for a layout with interior segments: programs [0, n_int_progs) walk them
     # (``_fold_interior_body``), the others the edge segments before g_a and from g_b
     # (``_fold_body``, two runs per sub-tile and head). One launch less costs the host a launch.
-    q_ptr, k_ptr = _moved(q_ptr, k_ptr, qk_off_ptr, QK_OFF, QK_ALIGN)
+    q_ptr, k_ptr = _offset_qk_ptrs(q_ptr, k_ptr, qk_off_ptr, QK_OFF, QK_ALIGN)
     pid = tl.program_id(0)
     bkv = tl.program_id(1)
     if pid < n_int_progs:

@@ -409,12 +409,17 @@ def test_plan_layer_fused_grid_equals_the_unfused_plan(
 
 @pytest.mark.parametrize("cap", ["wider", "narrower"])
 @pytest.mark.parametrize("block_w", [4, 128], ids=lambda b: f"chunk{b}")
-def test_plan_layer_fused_grid_lists_launched_before_the_width_read(monkeypatch, cap, block_w):
+@pytest.mark.parametrize(
+    "H, H_KV, S", [(4, 2, 997), pytest.param(3, 1, 996, id="odd-int32-count")], ids=str
+)
+def test_plan_layer_fused_grid_lists_launched_before_the_width_read(
+    monkeypatch, cap, block_w, H, H_KV, S
+):
     """Once a shape's row width is recorded, the fused planner launches the lists that wide
     before it reads the width: wider than this call's rows (the plan keeps the first W
     entries) and narrower (launched again after the read; the record grows to W). Either way
     the plan of the unfused path, entry for entry, with the candidates walked ``block_w`` at a
-    time."""
+    time. With 3 heads and 996 tokens the launch's int32 storage is padded to whole int64."""
     from sparse_kernels.permuted import lists_triton
     from sparse_patterns import HeadConfig
     from sparse_patterns import mminference as MM
@@ -422,10 +427,9 @@ def test_plan_layer_fused_grid_lists_launched_before_the_width_read(monkeypatch,
     monkeypatch.setattr(lists_triton, "_LISTS_BLOCK_W", block_w)
     monkeypatch.setattr(MM, "_GRID_LISTS_CAP", {})
     monkeypatch.setattr(MM, "GRID_GRAPHS", "off")  # each call launches (graphs: the next test)
-    S = 997
-    q, k, _ = planted_grid_qkv(1, 4, 2, S, 32, stride=8, phase=3, vline=True, slash=True, seed=5)
+    q, k, _ = planted_grid_qkv(1, H, H_KV, S, 32, stride=8, phase=3, seed=5)
     lay = TokenLayout(torch.full((S,), 2, device=DEV), tokens_per_frame=16)
-    q, k, heads = q.to(DEV), k.to(DEV), [HeadConfig(Grid())] * 4
+    q, k, heads = q.to(DEV), k.to(DEV), [HeadConfig(Grid())] * H
     monkeypatch.setattr(MM, "GRID_FUSED", "off")
     ref = plan_layer(q, k, heads, lay, block=32)
     ref_lists = ref._launch_lists

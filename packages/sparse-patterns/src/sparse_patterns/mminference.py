@@ -567,7 +567,16 @@ def _grid_fused_launch(
     outs += (widths,)
     if cap:
         idx, cnt, rest = launch_grid_lists(
-            v_hi, s_lo, s_hi, kmin, qmax, widths, cap, nb, runs=runs, buf=base[4 * N + n_blocks :]
+            v_hi,
+            s_lo,
+            s_hi,
+            kmin,
+            qmax,
+            widths,
+            cap,
+            nb,
+            runs=runs,
+            buf=base[4 * N + n_blocks : 4 * N + n_blocks + n_lists],
         )
         outs += tuple(map(bh, (idx, cnt, *rest)))
     return base, outs, widths

@@ -43,7 +43,7 @@ class OffsetGraph:
         if q.dtype != k.dtype:
             raise ValueError(f"q, k: expected one dtype, got {q.dtype} and {k.dtype}")
         dev = q.device
-        self._launch = launch
+        self._launch = launch  # (and the tensors it holds, which the graph reads)
         self._offs = torch.zeros(2, dtype=torch.int64).pin_memory()
         self._offs_np = self._offs.numpy()
         # Read by every replay: kept with the graph (a freed one would be reused by others).

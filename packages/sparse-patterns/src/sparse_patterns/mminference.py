@@ -420,9 +420,9 @@ def _plan_grid_fused(ctx: _Ctx, cfgs, sp: tuple[int, ...], L: int, one: bool) ->
     the rest of the plan is built, so that it waits only for the GPU. With a width on record,
     the launches are a CUDA graph (``GRID_GRAPHS``) captured for the shape and replayed for
     every layer: one host call instead of five launches and their host work (captured by the
-    call that records the width, after its read). The same stride,
-    phase, permutation, lists, runs and split as the unfused path (tests compare). ``one``:
-    every head has the config object ``cfgs[0]``."""
+    call that records the width, after its read). The same stride, phase, permutation, lists,
+    runs and split as the unfused path (tests compare). ``one``: every head has the config
+    object ``cfgs[0]``."""
     S, blk, dev = ctx.S, ctx.block, ctx.q.device
     N = ctx.B * ctx.H
     n = min(L, S)

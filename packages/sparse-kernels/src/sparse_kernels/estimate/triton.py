@@ -53,8 +53,8 @@ _FOLD_BLOCK_N = 128
 # 1.141 ms).
 _FOLD_PROGRAMS = 1024
 _FOLD_SHORT_KEYS = 262144
-# Segments whose tiles are all inside the window go to ``_line_folds_interior_kernel`` (one
-# accumulator); False: every segment through the general kernel (tests and timings compare).
+# Segments whose tiles are all inside the window go to ``_fold_interior_body`` (one
+# accumulator); False: every segment through the general body (tests and timings compare).
 _FOLD_INTERIOR = True
 # Query heads of one KV group per interior program (0: the default of ``_fold_setup``).
 _FOLD_HEADS = 0
@@ -462,7 +462,7 @@ def _fold_body(
     EDGES: tl.constexpr,
 ):
     # EDGES: chunk 0 walks the segments [0, g_a), chunk 1 [g_b, n_seg) (the interior ones are
-    # ``_line_folds_interior_kernel``'s); else chunk c walks seg_per_chunk segments from c.
+    # ``_fold_interior_body``'s); else chunk c walks seg_per_chunk segments from c.
     # The partials are regions of one workspace (element offsets off_*: one allocation).
     m_ptr, l_ptr = ws_ptr + off_m, ws_ptr + off_l
     acol_ptr, asl_ptr = ws_ptr + off_acol, ws_ptr + off_asl
@@ -725,7 +725,7 @@ def _line_folds_merge_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # n_int interior partials per sub-tile (``_line_folds_interior_kernel``: one accumulator
+    # n_int interior partials per sub-tile (``_fold_interior_body``: one accumulator
     # for both sums) besides the n_chunks general ones.
     # Program (bh, t, row group g): for rows g * BLOCK_R .., the log-sum-exp over every partial
     # of head bh, then sub-tile t's partial sums weighted by exp2(m_part - M) / sum and added:
@@ -875,10 +875,9 @@ def _fold_partials(
     row's offset-class gather) are the folds of a segment of ``seg`` positions (a multiple of
     the period); positions ``seg_w ..`` of the segment hold nothing.
 
-    ``qk_offsets``: int64 ``[2]`` on the device or in page-locked host memory (which the kernel
-    reads directly); the fold kernel then reads the rows and keys at those element offsets
-    from ``q_rows`` and ``k`` (tensors of their shape, strides and dtype there; multiples of
-    16 bytes), so that a CUDA graph of these launches serves other inputs
+    ``qk_offsets``: int64 ``[2]`` on the device; the fold kernel then reads the rows and keys at
+    those element offsets from ``q_rows`` and ``k`` (tensors of their shape, strides and dtype
+    there; multiples of 16 bytes), so that a CUDA graph of these launches serves other inputs
     (``sparse_patterns._graphs`` writes them before each replay). ``q_rows`` and ``k`` must
     then have unit last strides (no copy is made)."""
     B, H, L, D = q_rows.shape

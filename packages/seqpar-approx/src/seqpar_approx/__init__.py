@@ -1,5 +1,7 @@
 """Spava: sequence-parallel approximate attention over torch.distributed, with exact baselines."""
 
+from importlib import metadata as _metadata
+
 from .baselines import dense_attention, zigzag_ring_attention
 from .config import SpavaConfig, apb_config, resolve_apb, star_config
 from .layout import SpavaLayout, build_layout, even_split, ring_layout, split_frames
@@ -32,4 +34,7 @@ __all__ = [
     "top_indices",
     "zigzag_ring_attention",
 ]
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("seqpar-approx")
+except _metadata.PackageNotFoundError:  # imported from a source folder on PYTHONPATH, not installed
+    __version__ = "0+unknown"

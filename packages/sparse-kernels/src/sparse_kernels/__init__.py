@@ -5,6 +5,8 @@ Also the fused per-token ops a long prefill runs beside attention (``rms_norm``,
 Layout ``[B, H, S, D]``; GQA handled natively; every op returns ``AttentionOutput(out, lse)``.
 """
 
+from importlib import metadata as _metadata
+
 from ._types import AttentionOutput
 from .attention import attention
 from .block_sparse import block_sparse_attention
@@ -37,4 +39,7 @@ __all__ = [
     "triangle_attention",
     "vertical_slash_attention",
 ]
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("sparse-kernels")
+except _metadata.PackageNotFoundError:  # imported from a source folder on PYTHONPATH, not installed
+    __version__ = "0+unknown"

@@ -1,5 +1,7 @@
 """MMInference sparse patterns: typed specs, online estimation, block plans, configs, search."""
 
+from importlib import metadata as _metadata
+
 from .config import PatternConfig
 from .layout import TokenLayout
 from .mminference import estimate_vertical_slash, mminference_attention, plan_layer
@@ -46,4 +48,7 @@ __all__ = [
     "search_layer",
     "table3_candidates",
 ]
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("sparse-patterns")
+except _metadata.PackageNotFoundError:  # imported from a source folder on PYTHONPATH, not installed
+    __version__ = "0+unknown"

@@ -81,3 +81,38 @@ def test_kv_prompt_is_seeded_and_contains_answer():
     assert a == b and a.answer in a.prompt and f"key: {a.key}" in a.prompt
     assert a.prompt.endswith("value:")
     assert kv_retrieval_prompt(5, 4).answer != a.answer
+
+
+def test_plot_probe_marks_start_layer_and_threshold(tmp_path):
+    pytest.importorskip("matplotlib")
+    from triangle_mix import ProbeResult, plot_probe
+
+    gm = (0.9, 1.0, 0.7, 0.4, 0.05, 0.02, 0.0)
+    res = ProbeResult(
+        grad_middle=gm, grad_last=(0.5,) * 7, att_middle=(0.3,) * 7, att_last=(0.2,) * 7,
+        suggested_start_layer=suggest_start_layer(gm, 0.1), threshold=0.1, n_samples=4,
+        tokens=2000, sink=64, window=128, last=128,
+    )  # fmt: skip
+    fig = plot_probe(res, tmp_path / "probe.png", title="tiny")
+    assert (tmp_path / "probe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sup = fig._suptitle.get_text()
+    assert sup.startswith("tiny\n") and "4 key-value retrieval prompts of ~2000 tokens" in sup
+    assert "sink 64, window 128" in sup
+    att, grad = fig.axes
+    assert att.get_ylabel().startswith("Att(M, l)") and grad.get_ylabel().startswith("Grad(M, l)")
+    assert grad.get_xlabel() == "layer"
+    for ax in (att, grad):
+        labels = ax.get_legend_handles_labels()[1]
+        assert "suggested start layer: 4" in labels and "Last Q-K (last 128 rows)" in labels
+        (vline,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("suggested")]
+        assert list(vline.get_xdata()) == [4, 4]
+    (hline,) = [ln for ln in grad.get_lines() if ln.get_label().startswith("threshold")]
+    assert list(hline.get_ydata()) == pytest.approx([0.1, 0.1])
+    assert all(t == int(t) for t in grad.xaxis.get_major_locator()())
+
+
+def test_plot_probe_rejects_other_results(tmp_path):
+    from triangle_mix import plot_probe
+
+    with pytest.raises(TypeError, match="expected a ProbeResult, got dict"):
+        plot_probe({"grad_middle": [1.0]}, tmp_path / "x.png")

@@ -169,30 +169,47 @@ def probe_start_layer(
     )  # fmt: skip
 
 
-def plot_probe(result: ProbeResult, path, *, title: str | None = None) -> None:
-    """PNG like the paper's Fig. 4: Att and Grad of the Middle and Last sections per layer."""
+def plot_probe(result: ProbeResult, path, *, title: str | None = None):
+    """Like the paper's Fig. 4: Att and Grad of the Middle and Last sections per layer, the
+    suggested start layer and the threshold that chose it, written as a PNG to ``path``.
+    Returns the matplotlib ``Figure``."""
+    if not isinstance(result, ProbeResult):
+        raise TypeError(f"result: expected a ProbeResult, got {type(result).__name__}")
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
     except ImportError as e:  # pragma: no cover
         raise ImportError("plot_probe needs matplotlib: pip install 'triangle-mix[plot]'") from e
     layers = range(len(result.grad_middle))
-    fig, ax = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    ax[0].plot(layers, result.att_middle, "o-", label="Middle Q-K")
-    ax[0].plot(layers, result.att_last, "s-", label="Last Q-K")
-    ax[0].set_ylabel("Att(M, l)")
-    ax[0].legend()
-    ax[1].plot(layers, result.grad_middle, "o-", label="Middle Q-K")
-    ax[1].plot(layers, result.grad_last, "s-", label="Last Q-K")
-    ax[1].axvline(result.suggested_start_layer, color="gray", ls="--", label="suggested start")
-    ax[1].set_ylabel("Grad(M, l)")
-    ax[1].set_xlabel("layer")
-    ax[1].legend()
-    fig.suptitle(
-        title or f"TriangleMix probe ({result.n_samples} samples, ~{result.tokens} tokens)"
+    start = result.suggested_start_layer
+    fig = Figure(figsize=(8, 6.5), dpi=110, layout="constrained")
+    att, grad = fig.subplots(2, 1, sharex=True)
+    for ax, mid, last in (
+        (att, result.att_middle, result.att_last),
+        (grad, result.grad_middle, result.grad_last),
+    ):
+        ax.plot(layers, mid, "o-", label=f"Middle Q-K (rows before the last {result.last})")
+        ax.plot(layers, last, "s-", label=f"Last Q-K (last {result.last} rows)")
+        ax.axvline(start, color="gray", ls="--", label=f"suggested start layer: {start}")
+        ax.grid(alpha=0.3)
+    att.set_ylabel("Att(M, l)\nmean attention probability,\nsummed over heads")
+    top = max((abs(g) for g in result.grad_middle), default=0.0)
+    grad.axhline(
+        result.threshold * top,
+        color="tab:red",
+        ls=":",
+        label=f"threshold: {result.threshold:g} x largest Middle Grad",
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    grad.set_ylabel("Grad(M, l)\nmean d(answer logit) / d(theta),\nsummed over heads")
+    grad.set_xlabel("layer")
+    grad.xaxis.set_major_locator(MaxNLocator(integer=True))
+    att.legend(fontsize=8)
+    grad.legend(fontsize=8)
+    fig.suptitle(
+        (title + "\n" if title else "")
+        + f"TriangleMix gradient probe: {result.n_samples} key-value retrieval prompts of "
+        f"~{result.tokens} tokens; streaming part: sink {result.sink}, window {result.window}",
+        fontsize=10,
+    )
+    fig.savefig(path, format="png")
+    return fig

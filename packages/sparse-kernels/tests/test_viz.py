@@ -8,6 +8,7 @@ from sparse_kernels.viz import (
     PARTIAL,
     SKIPPED,
     block_states,
+    block_states_figure,
     plot_block_mask,
     plot_vertical_slash_index,
     vertical_slash_block_states,
@@ -77,3 +78,43 @@ def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ImportError, match=r"sparse-kernels\[viz\]"):
         plot_block_mask(torch.ones(4, 4, dtype=torch.bool), tmp_path / "x.png")
+
+
+def test_block_states_figure_tiles_at_true_scale():
+    bm = create_block_mask(
+        lambda b, h, q, k: q >= k, 1, 1, 256, 512, device="cpu", BLOCK_SIZE=(128, 64)
+    )
+    st = block_states(bm)
+    fig = block_states_figure(st, block=(128, 64), title="causal")
+    (ax,) = fig.axes
+    assert torch.equal(torch.as_tensor(ax.get_images()[0].get_array()), st.to(torch.int64))
+    assert ax.get_title() == "causal\n2 x 8 tiles; 1 cell = 1 tile of 128x64 tokens"
+    assert ax.get_xlabel() == "key block (BLOCK_N = 64 tokens)"
+    assert ax.get_ylabel() == "query block (BLOCK_M = 128 tokens)"
+    # A cell has the tile's shape: the axes box is 512 tokens wide for 256 tall.
+    box = ax.get_position()
+    w, h = box.width * fig.get_figwidth(), box.height * fig.get_figheight()
+    assert w / h == pytest.approx(512 / 256)
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels == ["skipped: 62.5%", "partial (element-masked): 25.0%", "full: 12.5%"]
+    assert legend.get_title().get_text() == "share of tiles"
+
+
+def test_block_states_figure_pools_large_grids_and_says_so():
+    n = 1000
+    st = torch.zeros(n, n, dtype=torch.int8)
+    st[4, 5] = FULL  # one full tile in the 3x3 group (1, 1)
+    st[998, 0] = PARTIAL  # in the last, ragged group
+    fig = block_states_figure(st, block=64)
+    (ax,) = fig.axes
+    shown = torch.as_tensor(ax.get_images()[0].get_array())
+    assert shown.shape == (334, 334)
+    assert int(shown[1, 1]) == FULL and int(shown[332, 0]) == PARTIAL and int(shown.sum()) == 3
+    assert "1 cell = 3x3 tiles of 64x64 tokens (the most computed shown)" in ax.get_title()
+    assert ax.get_images()[0].get_extent() == [-0.5, 1001.5, 1001.5, -0.5]
+
+
+def test_block_states_figure_rejects_other_tables():
+    with pytest.raises(ValueError, match=r"int8 \[NQB, NKB\].*got torch.int64 with shape \(2, 2\)"):
+        block_states_figure(torch.zeros(2, 2, dtype=torch.int64), block=64)

@@ -11,7 +11,7 @@ import os
 import torch
 
 SKIPPED, PARTIAL, FULL = 0, 1, 2
-_LABELS = ("skipped", "partial", "full")
+_LABELS = ("skipped", "partial (element-masked)", "full")
 _COLORS = ("#f2f2f2", "#f4a259", "#2a6f97")
 
 
@@ -98,7 +98,34 @@ def vertical_slash_block_states(index, *, batch: int = 0, head: int = 0) -> torc
     return out
 
 
-def _draw(states: torch.Tensor, path: str | os.PathLike, title: str | None, blocks) -> None:
+# Cells per axis drawn one-to-one; past it the grid is pooled (a 6-inch axis at 120 dpi gives
+# each cell at least 1.8 pixels).
+_MAX_CELLS = 400
+
+
+def _pool_states(states: torch.Tensor, f: int) -> torch.Tensor:
+    """Max-pool a state table by ``f`` along both axes: a cell shows the most computed tile of
+    its ``f x f`` group (FULL > PARTIAL > SKIPPED)."""
+    nqb, nkb = states.shape
+    a, b = -(-nqb // f), -(-nkb // f)
+    pad = torch.full((a * f, b * f), SKIPPED, dtype=torch.int8)
+    pad[:nqb, :nkb] = states
+    return pad.reshape(a, f, b, f).amax(dim=(1, 3))
+
+
+def block_states_figure(
+    states: torch.Tensor, *, block: int | tuple[int, int], title: str | None = None
+):
+    """A matplotlib ``Figure`` of a state table (:func:`block_states`): one cell per tile,
+    shaped as the tile (``block`` = ``(BLOCK_M, BLOCK_N)`` tokens), or per ``f x f`` tiles
+    (stated on the figure) past 400 tiles a side; a legend gives each state's share of the
+    tiles."""
+    if not isinstance(states, torch.Tensor) or states.ndim != 2 or states.dtype != torch.int8:
+        raise ValueError(
+            f"states: expected an int8 [NQB, NKB] table from block_states, got "
+            f"{getattr(states, 'dtype', type(states).__name__)} with shape "
+            f"{tuple(getattr(states, 'shape', ()))}"
+        )
     try:
         from matplotlib.colors import BoundaryNorm, ListedColormap
         from matplotlib.figure import Figure
@@ -108,24 +135,51 @@ def _draw(states: torch.Tensor, path: str | os.PathLike, title: str | None, bloc
             "sparse_kernels.viz needs matplotlib: install the extra, "
             'pip install "sparse-kernels[viz]" (matplotlib>=3.8)'
         ) from e
+    BM, BN = (block, block) if isinstance(block, int) else tuple(block)
     nqb, nkb = states.shape
-    fig = Figure(figsize=(6, 6 * max(nqb, 1) / max(nkb, 1) + 0.8), dpi=120)
-    ax = fig.add_subplot(1, 1, 1)
-    cmap = ListedColormap(list(_COLORS))
-    norm = BoundaryNorm([-0.5, 0.5, 1.5, 2.5], 3)
-    ax.imshow(states.numpy(), cmap=cmap, norm=norm, interpolation="nearest", aspect="auto")
-    ax.set_xlabel(f"key block (BLOCK_N={blocks[1]})")
-    ax.set_ylabel(f"query block (BLOCK_M={blocks[0]})")
-    frac = {lab: float((states == i).float().mean()) for i, lab in enumerate(_LABELS)}
-    handles = [
-        Patch(color=_COLORS[i], label=f"{lab} {100 * frac[lab]:.1f}%")
-        for i, lab in enumerate(_LABELS)
-    ]
-    ax.legend(handles=handles, loc="upper right", fontsize=8)
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(os.fspath(path), format="png")
+    f = max(1, -(-max(nqb, nkb) // _MAX_CELLS))
+    shown = _pool_states(states, f) if f > 1 else states
+    rows, cols = shown.shape
+    # Fixed margins in inches around an axes box whose cells have the tiles' shape (BM x BN
+    # tokens), so that the picture keeps the geometry of the attention matrix.
+    side = 6.0
+    th, tw = rows * BM, cols * BN
+    w, h = (side, side * th / tw) if tw >= th else (side * tw / th, side)
+    w, h = max(w, 0.5), max(h, 0.5)
+    left, right, top, bottom = 0.9, 0.3, 0.75, 1.15
+    W = max(w + left + right, 6.0)
+    H = h + top + bottom
+    fig = Figure(figsize=(W, H), dpi=120)
+    ax = fig.add_axes(((W - w) / 2 / W, bottom / H, w / W, h / H))
+    ax.imshow(
+        shown.numpy(),
+        cmap=ListedColormap(list(_COLORS)),
+        norm=BoundaryNorm([-0.5, 0.5, 1.5, 2.5], 3),
+        interpolation="nearest",
+        aspect="auto",
+        extent=(-0.5, cols * f - 0.5, rows * f - 0.5, -0.5),
+    )
+    ax.set_xlabel(f"key block (BLOCK_N = {BN} tokens)")
+    ax.set_ylabel(f"query block (BLOCK_M = {BM} tokens)")
+    scale = f"1 cell = 1 tile of {BM}x{BN} tokens"
+    if f > 1:
+        scale = f"1 cell = {f}x{f} tiles of {BM}x{BN} tokens (the most computed shown)"
+    head = f"{title}\n" if title else ""
+    ax.set_title(f"{head}{nqb} x {nkb} tiles; {scale}", fontsize=10)
+    share = [float((states == i).float().mean()) for i in range(3)]
+    fig.legend(
+        handles=[
+            Patch(facecolor=_COLORS[i], edgecolor="0.5", label=f"{lab}: {100 * share[i]:.1f}%")
+            for i, lab in enumerate(_LABELS)
+        ],
+        title="share of tiles",
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncols=3,
+        fontsize=8,
+        frameon=False,
+    )
+    return fig
 
 
 def plot_block_mask(
@@ -141,7 +195,7 @@ def plot_block_mask(
     st = block_states(block_mask_or_dense_bool, batch=batch, head=head, block=block)
     bs = getattr(block_mask_or_dense_bool, "BLOCK_SIZE", block)
     bs = (bs, bs) if isinstance(bs, int) else tuple(bs)
-    _draw(st, path, title, bs)
+    block_states_figure(st, block=bs, title=title).savefig(os.fspath(path), format="png")
     return st
 
 
@@ -150,5 +204,6 @@ def plot_vertical_slash_index(
 ) -> torch.Tensor:
     """Write a PNG heatmap of :func:`vertical_slash_block_states`; return the states."""
     st = vertical_slash_block_states(index, batch=batch, head=head)
-    _draw(st, path, title, (index.block_m, index.block_n))
+    fig = block_states_figure(st, block=(index.block_m, index.block_n), title=title)
+    fig.savefig(os.fspath(path), format="png")
     return st

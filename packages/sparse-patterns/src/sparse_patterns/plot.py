@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .patterns import PATTERN_TYPES, HeadConfig, NoBoundary
+from .patterns import PATTERN_TYPES, Grid, HeadConfig, NoBoundary
 from .plan import BlockPlan
 
 # Element budget of one chunk of executed-mask rows (bools), as the plan builders bound theirs.
@@ -125,7 +125,7 @@ def _pattern_text(head_config, plan: BlockPlan, batch: int, head: int) -> str:
         for key in ("stride", "phase")
         if isinstance(plan.meta.get(key), torch.Tensor) and plan.meta[key].ndim == 2
     ]
-    if found and type(hc.pattern).__name__ == "Grid":
+    if found and isinstance(hc.pattern, Grid):
         text += f"; found {', '.join(found)}"
     return text
 

@@ -155,6 +155,7 @@ def head_figure(
         from matplotlib.colors import BoundaryNorm, ListedColormap, LogNorm
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
+        from matplotlib.ticker import MaxNLocator
     except ImportError as e:  # pragma: no cover - exercised through a monkeypatched import
         raise ImportError("plot_head needs matplotlib: pip install matplotlib") from e
     imgs = head_images(q, k, plan, batch=batch, head=head, size=size)
@@ -164,8 +165,8 @@ def head_figure(
     fig = Figure(figsize=(15, 6.4), dpi=110)
     # Fixed layout: two square maps, their shared colorbar, the tile grid, a legend row below.
     axes = [fig.add_axes(r) for r in ((0.045, 0.2, 0.265, 0.6), (0.35, 0.2, 0.265, 0.6))]
-    cax = fig.add_axes((0.625, 0.2, 0.01, 0.6))
-    tiles = fig.add_axes((0.73, 0.2, 0.255, 0.6))
+    cax = fig.add_axes((0.62, 0.2, 0.01, 0.6))
+    tiles = fig.add_axes((0.745, 0.2, 0.24, 0.6))
     # Uniform attention over S keys is 1/S; two decades below it is noise for a picture.
     norm = LogNorm(vmin=0.01 / S, vmax=1.0)
     cmap = colormaps["viridis"].with_extremes(bad="#e6e6e6")
@@ -199,6 +200,8 @@ def head_figure(
         f"computed tiles, in the plan's order\n1 cell = 1 block of {blk}x{blk} tokens ({nb}x{nb})",
         fontsize=10,
     )
+    for axis in (tiles.xaxis, tiles.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     tiles.set_xlabel(f"key block ({blk} tokens){ko}")
     tiles.set_ylabel(f"query block ({blk} tokens){qo}")
     share = [float((states == i).float().mean()) for i in range(3)]
@@ -208,7 +211,7 @@ def head_figure(
             for c, lab, p in zip(_TILE_COLORS, _TILE_LABELS, share)
         ],
         loc="lower center",
-        bbox_to_anchor=(0.8575, 0.0),
+        bbox_to_anchor=(0.865, 0.0),
         ncols=1,
         fontsize=9,
         frameon=False,

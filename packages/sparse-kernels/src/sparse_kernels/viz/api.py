@@ -130,6 +130,7 @@ def block_states_figure(
         from matplotlib.colors import BoundaryNorm, ListedColormap
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
+        from matplotlib.ticker import MaxNLocator
     except ImportError as e:  # pragma: no cover - exercised through a monkeypatched import
         raise ImportError(
             "sparse_kernels.viz needs matplotlib: install the extra, "
@@ -159,6 +160,8 @@ def block_states_figure(
         aspect="auto",
         extent=(-0.5, cols * f - 0.5, rows * f - 0.5, -0.5),
     )
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_xlabel(f"key block (BLOCK_N = {BN} tokens)")
     ax.set_ylabel(f"query block (BLOCK_M = {BM} tokens)")
     scale = f"1 cell = 1 tile of {BM}x{BN} tokens"

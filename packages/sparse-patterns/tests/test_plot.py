@@ -109,6 +109,16 @@ def test_head_figure_errors(kw, err, match):
         head_figure(q, k, plan, **kw)
 
 
+def test_head_figure_rejects_an_execution_only_plan():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 128, 16, generator=g)
+    k = torch.randn(1, 1, 128, 16, generator=g)
+    hc = HeadConfig(AShape(sink=4, window=32, exact=True))
+    plan = plan_layer(q, k, hc, None, block=32, exact_vertical_lists=False)
+    with pytest.raises(ValueError, match="exact_vertical_lists=True.*execution-only plan"):
+        head_figure(q, k, plan)
+
+
 def test_head_figure_rejects_a_plan_of_another_shape():
     q, k, plan = _grid_head()
     with pytest.raises(ValueError, match=r"expected a plan for .* S = 256, got .* S = 512"):

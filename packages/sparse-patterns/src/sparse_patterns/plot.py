@@ -45,6 +45,11 @@ def _check(q: torch.Tensor, k: torch.Tensor, plan: BlockPlan, batch: int, head: 
             f"plan: expected a plan for [B, H] = [{B}, {H}] and S = {S}, got "
             f"{list(plan.kv_block_counts.shape[:2])} and S = {plan.S}"
         )
+    if not plan.exact_lists:
+        raise ValueError(
+            "plan: expected a plan from plan_layer(..., exact_vertical_lists=True) (the picture "
+            "reads its executed mask), got an execution-only plan"
+        )
     if not (0 <= batch < B and 0 <= head < H):
         raise ValueError(f"batch, head: expected in [0, {B}) x [0, {H}], got ({batch}, {head})")
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:

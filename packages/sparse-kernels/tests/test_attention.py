@@ -52,7 +52,7 @@ def _check(B, H, H_KV, S_Q, S_KV, D, causal, dtype, layout="bhsd"):
     )
     res = attention(q, k, v, causal=causal, impl="triton")
     gold = attention_reference(q, k, v, causal=causal, compute_dtype=torch.float64)
-    low = attention_reference(q, k, v, causal=causal)
+    low = attention_reference(q, k, v, causal=causal, compute_dtype=q.dtype)
     assert res.out.dtype == q.dtype and res.lse.dtype == torch.float32
     assert res.out.shape == q.shape and res.lse.shape == (B, H, S_Q)
     assert_close_budget(res.out, low.out, gold.out, dtype=dtype, name="out")
@@ -123,7 +123,7 @@ def test_custom_scale():
     q, k, v = make_qkv(1, 2, 2, 97, 97, 64, dtype=torch.float32, device=DEV)
     res = attention(q, k, v, scale=0.3, impl="triton")
     gold = attention_reference(q, k, v, scale=0.3, compute_dtype=torch.float64)
-    low = attention_reference(q, k, v, scale=0.3)
+    low = attention_reference(q, k, v, scale=0.3, compute_dtype=q.dtype)
     assert_close_budget(res.out, low.out, gold.out, dtype=torch.float32)
 
 
@@ -221,7 +221,7 @@ def test_every_autotune_config_is_correct():
 
     q, k, v = make_qkv(1, 8, 2, 1000, 1000, 128, dtype=torch.bfloat16, device=DEV, seed=7)
     gold = attention_reference(q, k, v, compute_dtype=torch.float64)
-    low = attention_reference(q, k, v)
+    low = attention_reference(q, k, v, compute_dtype=q.dtype)
     for cfg in [dict(c) for c in _GPU_CONFIGS]:
         w, st = cfg.pop("num_warps"), cfg.pop("num_stages")
         out = poison_(torch.empty_like(q))

@@ -54,7 +54,9 @@ def _check(B, H, H_KV, S_Q, S_KV, D, sink, window, last, dtype, chunk=None):
     gold = triangle_attention_reference(
         q, k, v, sink=sink, window=window, last=last, compute_dtype=torch.float64
     )
-    low = triangle_attention_reference(q, k, v, sink=sink, window=window, last=last)
+    low = triangle_attention_reference(
+        q, k, v, sink=sink, window=window, last=last, compute_dtype=q.dtype
+    )
     assert_close_budget(out, low.out, gold.out, dtype=dtype)
     assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
 
@@ -200,7 +202,7 @@ def test_explicit_config_is_exact(sink, window):
     q, k, v = make_qkv(1, 4, 2, S, S, D, dtype=dtype, device=DEV, seed=sink + window)
     ref = dict(sink=sink, window=window, last=40)
     gold = triangle_attention_reference(q, k, v, **ref, compute_dtype=torch.float64)
-    low = triangle_attention_reference(q, k, v, **ref)
+    low = triangle_attention_reference(q, k, v, **ref, compute_dtype=q.dtype)
     out, _ = _run_config(q, k, v, cfg, sink=sink, window=window, L=40, chunk=128)
     assert_close_budget(out, low.out, gold.out, dtype=dtype)
 
@@ -216,7 +218,7 @@ def test_every_autotune_config_is_correct():
     gold = triangle_attention_reference(
         q, k, v, sink=8, window=300, last=L, compute_dtype=torch.float64
     )
-    low = triangle_attention_reference(q, k, v, sink=8, window=300, last=L)
+    low = triangle_attention_reference(q, k, v, sink=8, window=300, last=L, compute_dtype=q.dtype)
     skipped = []
     for cfg in tri._GPU_CONFIGS:
         try:
@@ -259,7 +261,7 @@ def test_forced_config_matches_reference(B, H, H_KV, S_Q, S_KV, D, sink, window,
     q, k, v = make_qkv(B, H, H_KV, S_Q, S_KV, D, dtype=dtype, device=DEV, seed=S_Q + H)
     ref = dict(sink=sink, window=window, last=last)
     gold = triangle_attention_reference(q, k, v, **ref, compute_dtype=torch.float64)
-    low = triangle_attention_reference(q, k, v, **ref)
+    low = triangle_attention_reference(q, k, v, **ref, compute_dtype=q.dtype)
     out, lse = _run_config(q, k, v, cfg, sink=sink, window=window, L=last, chunk=128)
     assert_close_budget(out, low.out, gold.out, dtype=dtype)
     assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -37,6 +39,8 @@ def check_qkv(
             f"q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}"
         )
     B, H, S_Q, D = q.shape
+    if D == 0:
+        raise ValueError(f"head dim D: expected at least 1, got D=0 (q shape {tuple(q.shape)})")
     if k.shape != v.shape:
         raise ValueError(
             f"k and v must have the same shape [B, H_KV, S_KV, D], got k={tuple(k.shape)}, v={tuple(v.shape)}"
@@ -50,7 +54,7 @@ def check_qkv(
         raise ValueError(
             f"GQA needs H % H_KV == 0: got H={H} query heads and H_KV={H_KV} key/value heads"
         )
-    if S_Q == 0 or S_KV == 0 or B == 0:
+    if S_Q == 0 or S_KV == 0 or B == 0 or H == 0:
         raise ValueError(f"expected non-empty tensors, got q={tuple(q.shape)}, k={tuple(k.shape)}")
     return B, H, H_KV, S_Q, S_KV, D
 
@@ -60,8 +64,8 @@ def check_scale(scale: float | None, D: int) -> float:
         return D**-0.5
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-    if not scale > 0:
-        raise ValueError(f"scale: expected a positive float, got {scale}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: expected a finite positive float, got {scale}")
     return float(scale)
 
 
@@ -110,3 +114,69 @@ def check_int32_key_offsets(k: torch.Tensor, v: torch.Tensor, op: str) -> None:
                 f"elements, got {top} (shape {tuple(t.shape)}, strides {tuple(t.stride())}); "
                 f"pass {name}.contiguous() ([B, H_KV, S, D] order) or use impl='reference'"
             )
+
+
+def _dim_text(label: str, allowed: int | tuple[int, ...] | None) -> str:
+    if allowed is None:
+        return label
+    if isinstance(allowed, int):
+        return f"{label}={allowed}"
+    return f"{label} in {{{', '.join(str(a) for a in allowed)}}}"
+
+
+def check_index_tensor(
+    t: object,
+    name: str,
+    *,
+    op: str,
+    dims: Sequence[tuple[str, int | tuple[int, ...] | None]],
+    device: torch.device,
+    dtypes: tuple[torch.dtype, ...] = (torch.int32,),
+) -> torch.Tensor:
+    """Check an integer tensor argument (block lists, indices) before any launch: a tensor of
+    one of ``dtypes`` on ``device`` with one size per ``dims`` entry ``(label, allowed)``, where
+    ``allowed`` is ``None`` (any size), an int (exactly) or a tuple of sizes (e.g. ``(1, B)`` for
+    a broadcast batch). Layout is left to the launcher (strides passed through, or a copy)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"{op}: {name}: expected dtype {want}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{op}: {name}: expected device {device} (q's), got {t.device}")
+    ok = t.ndim == len(dims) and all(
+        a is None or (n == a if isinstance(a, int) else n in a) for n, (_, a) in zip(t.shape, dims)
+    )
+    if not ok:
+        want = ", ".join(_dim_text(label, a) for label, a in dims)
+        raise ValueError(f"{op}: {name}: expected shape [{want}], got {tuple(t.shape)}")
+    return t
+
+
+def check_index_range(
+    t: torch.Tensor,
+    name: str,
+    lo: int,
+    hi: int,
+    *,
+    op: str,
+    listed: torch.Tensor | None = None,
+    what: str = "entries",
+) -> None:
+    """Raise ``ValueError`` unless every entry of ``t`` (where ``listed``, if given) lies in
+    ``[lo, hi)``. The bounds are reduced on the tensor's device and read back once (one host
+    synchronisation): callers that skip it on request say so in their docstring."""
+    if t.numel() == 0:
+        return
+    if listed is None:
+        ends = torch.stack([t.min(), t.max()])
+    else:  # unlisted entries become the dtype's extremes, which move neither end
+        info = torch.iinfo(t.dtype)
+        ends = torch.stack(
+            [torch.where(listed, t, info.max).min(), torch.where(listed, t, info.min).max()]
+        )
+    got_lo, got_hi = (int(a) for a in ends.tolist())
+    if got_lo <= got_hi and (got_lo < lo or got_hi >= hi):  # got_lo > got_hi: none listed
+        raise ValueError(
+            f"{op}: {name}: {what} must lie in [{lo}, {hi}), got values in [{got_lo}, {got_hi}]"
+        )

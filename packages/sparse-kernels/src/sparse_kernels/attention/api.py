@@ -26,13 +26,20 @@ def attention(
         causal: query row ``i`` sits at absolute position ``i + S_KV - S_Q`` and attends key ``j``
             only if ``j <= i + S_KV - S_Q``. Rows whose position is negative (``S_Q > S_KV``)
             attend nothing: ``out = 0``, ``lse = -inf``.
-        scale: softmax scale, default ``D ** -0.5``.
+        scale: softmax scale, finite and positive; default ``D ** -0.5``.
         impl: ``"triton"`` (CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``"reference"``
-            (plain PyTorch) or ``"auto"``: triton on CUDA tensors, reference elsewhere.
+            (plain PyTorch, scores and softmax in float32) or ``"auto"``: triton on CUDA tensors,
+            reference elsewhere.
             The Triton kernel supports head dims up to 128 (any size; padded to a power of two).
 
     Returns:
         ``AttentionOutput(out, lse)``: ``out`` in q's dtype, ``lse`` float32 ``[B, H, S_Q]``.
+
+    Non-finite inputs: a NaN or inf in ``k`` at a key that a row does not attend (causally
+    masked) never reaches that row: its score is masked before the softmax. In ``v``, every key
+    that some row attends is read beside keys other rows do not attend (the Triton kernel's
+    diagonal tile; the reference's whole ``P @ V``), so a NaN there may reach rows that do not
+    attend it (``0 * NaN``), as in torch SDPA.
     """
     _, _, _, _, _, D = check_qkv(q, k, v)
     scale = check_scale(scale, D)

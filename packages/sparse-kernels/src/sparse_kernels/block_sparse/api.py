@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 
 from .._types import AttentionOutput
-from .._validate import check_qkv, check_scale, check_triton_head_dim, resolve_impl
+from .._validate import (
+    check_index_range,
+    check_index_tensor,
+    check_qkv,
+    check_scale,
+    check_triton_head_dim,
+    resolve_impl,
+)
 from .reference import block_sparse_attention_reference
 
 _OP = "block_sparse_attention"
@@ -23,52 +30,24 @@ def _check_lists(
     device: torch.device,
     check_indices: bool,
 ) -> None:
-    inum, iidx = f"{name}num_blocks", f"{name}indices"
-    for n, t in ((inum, num), (iidx, idx)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(
-                f"{_OP}: block_mask.{n}: expected a torch.Tensor, got {type(t).__name__}"
-            )
-        if t.dtype != torch.int32:
-            raise TypeError(f"{_OP}: block_mask.{n}: expected dtype torch.int32, got {t.dtype}")
-        if t.device != device:
-            raise ValueError(
-                f"{_OP}: block_mask.{n}: expected device {device} (q's), got {t.device}"
-            )
-    if num.ndim != 3 or idx.ndim != 4:
-        raise ValueError(
-            f"{_OP}: block_mask.{inum} must be [B, H, NQB] and .{iidx} [B, H, NQB, W], got "
-            f"{tuple(num.shape)} and {tuple(idx.shape)}"
-        )
-    if tuple(num.shape[:3]) != tuple(idx.shape[:3]):
-        raise ValueError(
-            f"{_OP}: block_mask.{inum} {tuple(num.shape)} and .{iidx} {tuple(idx.shape)} "
-            f"disagree on [B, H, NQB]"
-        )
-    Bm, Hm, Q = num.shape
-    if Bm not in (1, B) or Hm not in (1, H):
-        raise ValueError(
-            f"{_OP}: block_mask batch/head sizes must be 1 or match q's (B={B}, H={H}), "
-            f"got {inum} shape {tuple(num.shape)}"
-        )
-    if nqb != Q:
-        raise ValueError(
-            f"{_OP}: block_mask has {Q} query blocks, expected ceil(S_Q / BLOCK_M) = {nqb}"
-        )
+    inum, iidx = f"block_mask.{name}num_blocks", f"block_mask.{name}indices"
+    bdim, hdim = ("B'", (1, B) if B != 1 else 1), ("H'", (1, H) if H != 1 else 1)
+    num = check_index_tensor(
+        num, inum, op=_OP, dims=(bdim, hdim, ("ceil(S_Q/BLOCK_M)", nqb)), device=device
+    )  # fmt: skip
+    Bm, Hm = num.shape[:2]
+    idx = check_index_tensor(
+        idx, iidx, op=_OP, dims=(("B'", Bm), ("H'", Hm), ("ceil(S_Q/BLOCK_M)", nqb), ("W", None)), device=device
+    )  # fmt: skip
     if not check_indices:
         return
     W = idx.shape[-1]
-    if bool(((num < 0) | (num > W)).any()):
-        raise ValueError(
-            f"{_OP}: block_mask.{inum} entries must lie in [0, {W}] (width of .{iidx})"
-        )
+    check_index_range(num, inum, 0, W + 1, op=_OP, what=f"counts (at most the width W={W})")
     listed = torch.arange(W, device=idx.device) < num[..., None]
-    bad = listed & ((idx < 0) | (idx >= nkb))
-    if bool(bad.any()):
-        raise ValueError(
-            f"{_OP}: block_mask.{iidx} lists kv blocks outside [0, {nkb}) "
-            f"(ceil(S_KV / BLOCK_N) = {nkb}); first bad value {int(idx[bad][0])}"
-        )
+    check_index_range(
+        idx, iidx, 0, nkb, op=_OP, listed=listed,
+        what=f"listed kv blocks (ceil(S_KV / BLOCK_N) = {nkb} blocks)",
+    )  # fmt: skip
 
 
 def _check_no_duplicates(bm, nkb: int) -> None:
@@ -119,15 +98,26 @@ def block_sparse_attention(
             every batch entry / head), ``kv_indices`` ``[B', H', ceil(S_Q/BLOCK_M), W]``; int32.
             Listed indices must lie in ``[0, ceil(S_KV/BLOCK_N))``, each block listed at most
             once per query block. The mask's ``seq_lengths`` are not used (q/k give them).
+            Any strides (lists whose last dim is not contiguous are copied before the launch).
         causal: apply the causal rule above on top of the listed blocks.
-        scale: softmax scale, default ``D ** -0.5``.
+        scale: softmax scale, finite and positive; default ``D ** -0.5``.
         impl: ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``), ``"reference"`` (dense
-            PyTorch over the expanded mask) or ``"auto"`` (triton on CUDA, reference elsewhere).
-        check_indices: verify listed indices are in range and not duplicated (reads the lists
-            on the device and synchronises; pass ``False`` in timed loops over a checked mask).
+            PyTorch over the expanded mask, scores and softmax in float32) or ``"auto"`` (triton
+            on CUDA, reference elsewhere).
+        check_indices: verify counts are within the lists' width and listed indices are in
+            range and not duplicated (reduced on the device, then three host reads); pass
+            ``False`` only for a mask already checked or built valid (timed loops): unchecked
+            bad lists are undefined behaviour. Shapes, dtypes and devices are checked either way.
 
     Returns:
         ``AttentionOutput(out, lse)``.
+
+    Non-finite inputs: a NaN or inf in ``k`` at a key that a row does not attend never reaches
+    that row (its score is masked before the softmax). In ``v``, a kv block listed for no query
+    block of its (batch, head) is never read and cannot reach the output. A key inside a block
+    that is read but that the row does not attend (above the causal diagonal in a listed block;
+    in the reference, any key another row of the head attends) may turn the row NaN
+    (``0 * NaN`` in ``P @ V``), as in torch SDPA.
     """
     B, H, _, S_Q, S_KV, D = check_qkv(q, k, v)
     scale = check_scale(scale, D)

@@ -49,7 +49,9 @@ def block_sparse_attention_reference(
     scale: float | None = None,
     compute_dtype: torch.dtype | None = None,
 ) -> AttentionOutput:
-    """Dense attention restricted to :func:`block_mask_to_dense` (float64-capable)."""
+    """Dense attention restricted to :func:`block_mask_to_dense`, in float32 (float64 for
+    float64 inputs) unless ``compute_dtype`` says otherwise (see
+    :func:`~sparse_kernels.attention.masked_attention_reference`)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     mask = block_mask_to_dense(block_mask, q.shape[2], k.shape[2], causal=causal).to(q.device)
     return masked_attention_reference(q, k, v, mask, scale=scale, compute_dtype=compute_dtype)

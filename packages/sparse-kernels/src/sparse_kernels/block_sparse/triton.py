@@ -189,6 +189,12 @@ def _bcast_strides(t: torch.Tensor, n: int) -> list[int]:
     return [0 if (i < 2 and t.shape[i] == 1) else t.stride(i) for i in range(n)]
 
 
+def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its last dim contiguous: the kernel steps through a list by one element. A copy
+    only for lists that are not (a strided view, a column-major tensor); they are small."""
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
 def _launch_block_sparse_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -208,7 +214,10 @@ def _launch_block_sparse_fwd(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
     has_full = full_kv_num_blocks is not None
-    if not has_full:
+    kv_indices = _unit_last_stride(kv_indices)
+    if has_full:
+        full_kv_indices = _unit_last_stride(full_kv_indices)
+    else:
         full_kv_num_blocks, full_kv_indices = kv_num_blocks, kv_indices
     nqb = -(-S_Q // block_m)
 

@@ -21,19 +21,22 @@ def _check_merge(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> 
     if len(outs) == 0:
         raise ValueError("expected at least one partial attention, got none")
     ref = check_tensor(outs[0], "outs[0]")
-    if ref.ndim != 4:
+    if ref.ndim != 4 or ref.shape[-1] == 0:
         raise ValueError(
-            f"outs[0]: expected a 4-D tensor [B, H, S, D], got shape {tuple(ref.shape)}"
+            f"outs[0]: expected a 4-D tensor [B, H, S, D] with D >= 1, got shape {tuple(ref.shape)}"
+        )
+    if ref.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"outs[0]: expected dtype torch.float16, torch.bfloat16 or torch.float32, got "
+            f"{ref.dtype}"
         )
     for i, (o, x) in enumerate(zip(outs, lses)):
         check_tensor(o, f"outs[{i}]")
         check_tensor(x, f"lses[{i}]")
         if o.shape != ref.shape:
             raise ValueError(f"outs[{i}]: expected shape {tuple(ref.shape)}, got {tuple(o.shape)}")
-        if o.dtype != ref.dtype or o.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(
-                f"outs[{i}]: expected dtype {ref.dtype} (fp16/bf16/fp32), got {o.dtype}"
-            )
+        if o.dtype != ref.dtype:
+            raise TypeError(f"outs[{i}]: expected dtype {ref.dtype} (outs[0]'s), got {o.dtype}")
         if x.shape != ref.shape[:-1]:
             raise ValueError(
                 f"lses[{i}]: expected shape {tuple(ref.shape[:-1])}, got {tuple(x.shape)}"
@@ -60,7 +63,10 @@ def merge_attention(
 
     Returns:
         ``AttentionOutput(out, lse)`` of the attention over the union of the key sets. A row that
-        saw no key in any part has ``out = 0`` and ``lse = -inf``, never NaN.
+        saw no key in any part has ``out = 0`` and ``lse = -inf``, never NaN. A part whose lse
+        is ``-inf`` for a row (it saw no key there) contributes nothing to that row, whatever
+        its ``out`` holds there (a NaN too); layouts are free (the Triton path copies
+        non-contiguous parts).
     """
     _check_merge(outs, lses)
     which = resolve_impl(impl, outs[0].device, "merge_attention")

@@ -25,6 +25,10 @@ def merge_attention_reference(
     empty = torch.isneginf(lse)
     safe = torch.where(empty, torch.zeros_like(lse), lse)
     w = torch.exp(lse_all - safe[None])  # exp(-inf) = 0 for empty parts
-    out = sum(w[i][..., None] * outs[i].to(compute_dtype) for i in range(len(outs)))
+    # An empty part adds nothing, even where its out is not finite (0 * NaN would be NaN).
+    out = sum(
+        torch.where(w[i][..., None] > 0, w[i][..., None] * outs[i].to(compute_dtype), 0.0)
+        for i in range(len(outs))
+    )
     out = out.masked_fill(empty[..., None], 0.0)
     return AttentionOutput(out.to(outs[0].dtype), lse.to(torch.float32))

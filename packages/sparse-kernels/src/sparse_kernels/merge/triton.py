@@ -38,7 +38,8 @@ def _merge_fwd_kernel(
         lse_i = tl.load(lses_ptr + i * R + rows, mask=r_ok, other=float("-inf"))
         w = tl.exp(lse_i - m_safe)
         o = tl.load(outs_ptr + (i * R + rows)[:, None] * D + offs_d[None, :], mask=rd_ok, other=0.0)
-        acc += w[:, None] * o.to(tl.float32)
+        # An empty part (w = 0) adds nothing, even where its out is not finite (0 * NaN).
+        acc += tl.where(w[:, None] > 0, w[:, None] * o.to(tl.float32), 0.0)
         denom += w
     empty = denom == 0.0
     d_safe = tl.where(empty, 1.0, denom)

@@ -46,8 +46,18 @@ def triangle_attention(
         sink: number of leading keys every row sees (>= 0).
         window: local window length (>= 1; the diagonal key counts as one).
         last: number of trailing query rows that attend all their causal keys (>= 0).
-        scale: softmax scale, default ``D ** -0.5``.
-        impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
+        scale: softmax scale, finite and positive; default ``D ** -0.5``.
+        impl: ``"triton"``, ``"reference"`` (scores and softmax in float32) or ``"auto"``
+            (triton on CUDA, reference elsewhere).
+
+    Non-finite inputs: a NaN or inf in ``k`` at a key that a row does not attend never reaches
+    that row (its score is masked before the softmax). In ``v``, a key that no row attends cannot
+    reach the output if the Triton kernel never reads it: it reads, for a tile of rows, the sink
+    tiles (the first ``sink`` keys rounded up to a multiple of 16 or 32) and the tile's window
+    band rounded out to whole key blocks (of at most 128 keys), and for the last ``last`` rows
+    every causally visible key. A key that is read but not attended by a row (in a computed
+    tile; in the reference, any key another row attends) may turn the row NaN (``0 * NaN`` in
+    ``P @ V``), as in torch SDPA.
     """
     _, _, _, S_Q, S_KV, D = check_qkv(q, k, v)
     scale = check_scale(scale, D)

@@ -39,7 +39,9 @@ def triangle_attention_reference(
     score array (all batches and heads) is kept near ``SCORE_BUDGET`` elements, at most 2048
     rows; the masked softmax holds a few arrays of that size at once, plus K/V expanded to all
     heads. A fixed 2048 rows held 8.6 GB per score array in float64 at 32 heads x 16K keys, and
-    several test workers sharing a GPU ran it out of memory."""
+    several test workers sharing a GPU ran it out of memory. Computed in float32 (float64 for
+    float64 inputs) unless ``compute_dtype`` says otherwise (see
+    :func:`~sparse_kernels.attention.masked_attention_reference`)."""
     B, H, S_Q, _ = q.shape
     S_KV = k.shape[2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale

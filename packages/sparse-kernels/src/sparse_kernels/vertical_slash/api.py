@@ -5,11 +5,69 @@ from __future__ import annotations
 import torch
 
 from .._types import AttentionOutput
-from .._validate import check_qkv, check_scale, check_triton_head_dim, resolve_impl
-from .index import VerticalSlashIndex, build_vertical_slash_index
+from .._validate import (
+    check_index_range,
+    check_index_tensor,
+    check_qkv,
+    check_scale,
+    check_triton_head_dim,
+    resolve_impl,
+)
+from .index import VerticalSlashIndex, _check_indices, build_vertical_slash_index
 from .reference import vertical_slash_attention_reference
 
 _OP = "vertical_slash_attention"
+
+
+def _check_prebuilt(
+    index: object,
+    B: int,
+    H: int,
+    S: int,
+    block_m: int,
+    block_n: int,
+    device: torch.device,
+    contents: bool,
+) -> None:
+    """A caller's ``VerticalSlashIndex`` must match q and hold what the kernel can walk: its
+    tensors' shapes, dtypes and device always; with ``contents``, counts within the padded widths
+    and listed key blocks / columns inside the sequence (one host read each)."""
+    if not isinstance(index, VerticalSlashIndex):
+        raise TypeError(f"{_OP}: index: expected a VerticalSlashIndex, got {type(index).__name__}")
+    if (index.seq_len, index.block_m, index.block_n) != (S, block_m, block_n):
+        raise ValueError(
+            f"{_OP}: index was built for seq_len={index.seq_len}, block_m={index.block_m}, "
+            f"block_n={index.block_n}; expected {S}, {block_m}, {block_n}"
+        )
+    nqb, nkb = -(-S // block_m), -(-S // block_n)
+    row = (("B", B), ("H", H), ("NQB", nqb))
+    f = {}
+    for name, width in (("range_count", None), ("range_start", "R"), ("range_end", "R"),
+                        ("column_count", None), ("columns", "C")):  # fmt: skip
+        dims = row if width is None else (*row, (width, None))
+        f[name] = check_index_tensor(
+            getattr(index, name), f"index.{name}", op=_OP, dims=dims, device=device
+        )
+    R, C = f["range_start"].shape[-1], f["columns"].shape[-1]
+    if f["range_end"].shape[-1] != R:
+        raise ValueError(
+            f"{_OP}: index.range_end: expected width R={R} (index.range_start's), got "
+            f"{f['range_end'].shape[-1]}"
+        )
+    if not contents:
+        return
+    check_index_range(f["range_count"], "index.range_count", 0, R + 1, op=_OP,
+                      what=f"counts (at most the width R={R})")  # fmt: skip
+    check_index_range(f["column_count"], "index.column_count", 0, C + 1, op=_OP,
+                      what=f"counts (at most the width C={C})")  # fmt: skip
+    listed = torch.arange(R, device=device) < f["range_count"][..., None]
+    check_index_range(f["range_start"], "index.range_start", 0, nkb, op=_OP, listed=listed,
+                      what="listed key-block starts")  # fmt: skip
+    check_index_range(f["range_end"], "index.range_end", 1, nkb + 1, op=_OP, listed=listed,
+                      what="listed key-block ends")  # fmt: skip
+    listed = torch.arange(C, device=device) < f["column_count"][..., None]
+    check_index_range(f["columns"], "index.columns", 0, S, op=_OP, listed=listed,
+                      what="listed key columns")  # fmt: skip
 
 
 def vertical_slash_attention(
@@ -45,21 +103,33 @@ def vertical_slash_attention(
         q: ``[B, H, S, D]``; k, v: ``[B, H_KV, S, D]``, ``H % H_KV == 0`` (GQA native).
         vertical_indices: ``[B, H, NV]`` int32/int64 key columns in ``[0, S)``, each row sorted
             strictly ascending (required; unsorted or repeated entries raise ``ValueError``).
+            ``B`` and ``H`` are exactly q's: one row per query head (not per KV head), no
+            broadcast of a size-1 batch or head dim. On q's device, any strides.
         slash_indices: ``[B, H, NS]`` int32/int64 diagonal offsets ``i - j`` in ``[0, S)``, each
-            row sorted strictly ascending (required, as above).
-        scale: softmax scale, default ``D ** -0.5``.
+            row sorted strictly ascending (required, as above; same shape rule).
+        scale: softmax scale, finite and positive; default ``D ** -0.5``.
         impl: ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``), ``"reference"`` (dense
-            PyTorch over the exact mask; memory ``O(B H S^2)``) or ``"auto"`` (triton on CUDA,
-            reference elsewhere).
+            PyTorch over the exact mask, scores and softmax in float32; memory ``O(B H S^2)``) or
+            ``"auto"`` (triton on CUDA, reference elsewhere).
         block_m, block_n: tile sizes, 64 or 128 each.
         index: the result of ``build_vertical_slash_index(vertical_indices, slash_indices,
             seq_len=S, block_m=block_m, block_n=block_n)``; built here when ``None``.
-        check_indices: when the index is built here, check the indices' range and order
-            (``build_vertical_slash_index(check_contents=...)``, six host reads); ``False`` for
-            callers whose indices are valid by construction.
+        check_indices: check the indices' range and order (``build_vertical_slash_index(
+            check_contents=...)``, six host reads) and, for a prebuilt ``index``, that its counts
+            fit its widths and its listed key blocks and columns lie inside the sequence (five
+            more). ``False`` is for callers whose indices (and index) are valid by construction,
+            such as ``sparse_patterns``' planner; invalid ones are then undefined behaviour.
+            Shapes, dtypes and devices are checked either way.
 
     Returns:
         ``AttentionOutput(out, lse)``.
+
+    Non-finite inputs: a NaN or inf in ``k`` at a key that a row does not attend never reaches
+    that row (its score is masked before the softmax). In ``v``, a key that is in no range tile
+    and no column list of its (batch, head) is never read and cannot reach the output. A key the
+    row does not attend but that is read beside attended ones (the Triton kernel: inside a
+    computed tile, e.g. above the diagonal; the reference: any key another row of the head
+    attends) may turn the row NaN (``0 * NaN`` in ``P @ V``), as in torch SDPA.
     """
     B, H, _, S_Q, S_KV, D = check_qkv(q, k, v)
     if S_Q != S_KV:
@@ -69,24 +139,23 @@ def vertical_slash_attention(
         )
     scale = check_scale(scale, D)
     which = resolve_impl(impl, q.device, _OP)
+    for nm, t, n in (("vertical_indices", vertical_indices, "NV"),
+                     ("slash_indices", slash_indices, "NS")):  # fmt: skip
+        check_index_tensor(
+            t, nm, op=_OP, dims=(("B", B), ("H", H), (n, None)), device=q.device,
+            dtypes=(torch.int32, torch.int64),
+        )  # fmt: skip
     if index is None:
-        for nm, t in (("vertical_indices", vertical_indices), ("slash_indices", slash_indices)):
-            if isinstance(t, torch.Tensor) and t.device != q.device:
-                raise ValueError(f"{_OP}: {nm}: expected device {q.device} (q's), got {t.device}")
         index = build_vertical_slash_index(
             vertical_indices, slash_indices, seq_len=S_Q, block_m=block_m, block_n=block_n,
             check_contents=check_indices,
         )  # fmt: skip
-    elif not isinstance(index, VerticalSlashIndex):
-        raise TypeError(f"{_OP}: index: expected a VerticalSlashIndex, got {type(index).__name__}")
-    elif (index.seq_len, index.block_m, index.block_n) != (S_Q, block_m, block_n) or tuple(
-        index.range_count.shape[:2]
-    ) != (B, H):
-        raise ValueError(
-            f"{_OP}: index was built for seq_len={index.seq_len}, block_m={index.block_m}, "
-            f"block_n={index.block_n}, [B, H]={list(index.range_count.shape[:2])}; expected "
-            f"{S_Q}, {block_m}, {block_n}, [{B}, {H}]"
-        )
+    else:
+        _check_prebuilt(index, B, H, S_Q, block_m, block_n, q.device, check_indices)
+        if check_indices:
+            # The reference reads the indices themselves.
+            _check_indices(vertical_indices, "vertical_indices", B, H, S_Q)
+            _check_indices(slash_indices, "slash_indices", B, H, S_Q)
     if which == "reference":
         return vertical_slash_attention_reference(
             q, k, v, vertical_indices, slash_indices,

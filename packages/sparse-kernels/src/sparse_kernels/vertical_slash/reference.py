@@ -55,7 +55,9 @@ def vertical_slash_attention_reference(
     block_n: int = 64,
     compute_dtype: torch.dtype | None = None,
 ) -> AttentionOutput:
-    """Dense attention restricted to :func:`vertical_slash_mask` (float64-capable)."""
+    """Dense attention restricted to :func:`vertical_slash_mask`, in float32 (float64 for
+    float64 inputs) unless ``compute_dtype`` says otherwise (see
+    :func:`~sparse_kernels.attention.masked_attention_reference`)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     mask = vertical_slash_mask(
         vertical_indices, slash_indices, q.shape[2], block_m=block_m, block_n=block_n

@@ -44,17 +44,31 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+# Largest value a spec's integer parameter may take: token counts, positions and strides are
+# int32 in the kernels' index lists, so anything larger cannot describe a real sequence.
+MAX_INT = 2**31 - 1
+
+
+def _describe(value: object) -> str:
+    """``value`` for an error message, short; huge ints by size (their ``str`` may raise)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        digits = int(value.bit_length() * 0.30103) + 1
+        if digits > 60:
+            return f"an int of about {digits} digits"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
 
 def _int(name: str, value: object, lo: int = 0) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < lo:
-        raise ValueError(f"{name}: expected an int >= {lo}, got {value}")
+        raise TypeError(f"{name}: expected an int, got {_describe(value)}")
+    if not lo <= value <= MAX_INT:
+        raise ValueError(f"{name}: expected an int in [{lo}, {MAX_INT}], got {_describe(value)}")
 
 
 def _bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+        raise TypeError(f"{name}: expected a bool, got {_describe(value)}")
 
 
 class _Spec:
@@ -113,11 +127,7 @@ class VerticalSlash(_Spec):
         _int("VerticalSlash.last_q", self.last_q, 1)
         _int("VerticalSlash.sink", self.sink, 0)
         _int("VerticalSlash.local", self.local, 1)
-        if not isinstance(self.exact_verticals, bool):
-            raise TypeError(
-                f"VerticalSlash.exact_verticals: expected a bool, got "
-                f"{type(self.exact_verticals).__name__}"
-            )
+        _bool("VerticalSlash.exact_verticals", self.exact_verticals)
 
 
 @dataclass(frozen=True)
@@ -149,18 +159,19 @@ class BlockSparse(_Spec):
     def __post_init__(self) -> None:
         if (self.top_k is None) == (self.ratio is None):
             raise ValueError(
-                f"BlockSparse: expected exactly one of top_k and ratio, got top_k={self.top_k}, "
-                f"ratio={self.ratio}"
+                f"BlockSparse: expected exactly one of top_k and ratio, got "
+                f"top_k={_describe(self.top_k)}, ratio={_describe(self.ratio)}"
             )
         if self.top_k is not None:
             _int("BlockSparse.top_k", self.top_k, 1)
         if self.ratio is not None:
             if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)):
-                raise TypeError(
-                    f"BlockSparse.ratio: expected a float, got {type(self.ratio).__name__}"
-                )
+                raise TypeError(f"BlockSparse.ratio: expected a float, got {_describe(self.ratio)}")
+            # NaN fails this comparison too
             if not 0.0 < self.ratio <= 1.0:
-                raise ValueError(f"BlockSparse.ratio: expected 0 < ratio <= 1, got {self.ratio}")
+                raise ValueError(
+                    f"BlockSparse.ratio: expected 0 < ratio <= 1, got {_describe(self.ratio)}"
+                )
         _int("BlockSparse.block", self.block, 1)
 
 
@@ -256,12 +267,12 @@ class HeadConfig:
         if not isinstance(self.pattern, PATTERN_TYPES):
             raise TypeError(
                 f"HeadConfig.pattern: expected one of {[t.__name__ for t in PATTERN_TYPES]}, "
-                f"got {type(self.pattern).__name__}"
+                f"got {_describe(self.pattern)}"
             )
         if not isinstance(self.boundary, BOUNDARY_TYPES):
             raise TypeError(
                 f"HeadConfig.boundary: expected one of {[t.__name__ for t in BOUNDARY_TYPES]}, "
-                f"got {type(self.boundary).__name__}"
+                f"got {_describe(self.boundary)}"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -270,19 +281,31 @@ class HeadConfig:
 
 def _from_dict(d: object, types: tuple[type, ...], what: str) -> Any:
     if not isinstance(d, dict):
-        raise TypeError(f"{what}: expected a JSON object, got {type(d).__name__}")
+        raise TypeError(f"{what}: expected a JSON object, got {_describe(d)}")
     kinds = {t.kind: t for t in types}
     kind = d.get("kind")
-    if kind not in kinds:
-        raise ValueError(f"{what}.kind: expected one of {sorted(kinds)}, got {kind!r}")
+    if not isinstance(kind, str) or kind not in kinds:
+        raise ValueError(f"{what}.kind: expected one of {sorted(kinds)}, got {_describe(kind)}")
     cls = kinds[kind]
     fields = {f.name for f in dataclasses.fields(cls)}
     extra = set(d) - fields - {"kind"}
     if extra:
         raise ValueError(
-            f"{what} ({kind}): unknown fields {sorted(extra)}; expected {sorted(fields)}"
+            f"{what} ({kind}): unknown fields {sorted(map(str, extra))}; expected {sorted(fields)}"
         )
-    return cls(**{k: v for k, v in d.items() if k != "kind"})
+    required = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    missing = required - set(d)
+    if missing:
+        raise ValueError(f"{what} ({kind}): missing fields {sorted(missing)}")
+    try:
+        return cls(**{k: v for k, v in d.items() if k != "kind"})
+    except (TypeError, ValueError) as e:
+        # the spec names its own field; the prefix says where in the config it sits
+        raise type(e)(f"{what}: {e}") from None
 
 
 def pattern_from_dict(d: object, what: str = "pattern") -> Pattern:
@@ -295,11 +318,11 @@ def boundary_from_dict(d: object, what: str = "boundary") -> Boundary:
 
 def head_config_from_dict(d: object, what: str = "head") -> HeadConfig:
     if not isinstance(d, dict):
-        raise TypeError(f"{what}: expected a JSON object, got {type(d).__name__}")
+        raise TypeError(f"{what}: expected a JSON object, got {_describe(d)}")
     extra = set(d) - {"pattern", "boundary"}
     if extra or "pattern" not in d:
         raise ValueError(
-            f"{what}: expected keys 'pattern' and optional 'boundary', got {sorted(d)}"
+            f"{what}: expected keys 'pattern' and optional 'boundary', got {sorted(map(str, d))}"
         )
     return HeadConfig(
         pattern_from_dict(d["pattern"], f"{what}.pattern"),

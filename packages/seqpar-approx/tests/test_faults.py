@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from seqpar_approx.faults import Watchdog
+from seqpar_approx.faults import Watchdog, init_distributed
 from seqpar_approx.testing import SpawnError, fault_worker, spawn
 
 
@@ -39,9 +39,46 @@ def test_failing_rank_ends_job_on_every_rank(mode):
         assert all("no progress for" in t or "lost the rendezvous store" in t for t in texts)
         stalls = [t for t in texts if "no progress for" in t]
         assert stalls
-        assert "rank 0: 'step 2' (4 beats), rank 1: 'step 2' (4 beats)" in stalls[0]
+        # rank 1 sleeps in the worker's step 3; rank 0 waits for it in the all-gather
+        for t in stalls:
+            assert "stalled: rank 1 after 'step 2' (4 beats), running testing.py:" in t, t
+            assert "in fault_worker; waiting on it: rank 0 after 'step 2' (4 beats), " in t, t
+            assert "waiting in collective all_gather" in t, t
 
 
 def test_watchdog_rejects_bad_timeout():
     with pytest.raises(ValueError, match="timeout_s: expected > 0"):
         Watchdog(timeout_s=0)
+
+
+@pytest.mark.parametrize(
+    "env, asked",
+    [
+        pytest.param(
+            {"OMPI_COMM_WORLD_SIZE": "2"},
+            "asked for 2 processes (OMPI_COMM_WORLD_SIZE=2)",
+            id="mpirun",
+        ),
+        pytest.param({"SLURM_NTASKS": "4"}, "asked for 4 processes (SLURM_NTASKS=4)", id="srun"),
+        pytest.param(
+            # what accelerate's single-process launcher exports for --cpu --num_processes 2
+            {
+                "ACCELERATE_MIXED_PRECISION": "no",
+                "ACCELERATE_USE_CPU": "True",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29500",
+            },
+            "asked for more than 1 processes (accelerate launch set MASTER_ADDR)",
+            id="accelerate-cpu",
+        ),
+    ],
+)
+def test_launcher_that_started_fewer_processes_is_refused(monkeypatch, env, asked):
+    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError) as ei:
+        init_distributed()
+    msg = str(ei.value)
+    assert asked in msg and "runs alone (world size 1" in msg, msg

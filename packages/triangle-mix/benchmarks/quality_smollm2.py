@@ -12,7 +12,7 @@ Later stages (``--stages``, :func:`main_v2`): Table 7, passkey, the App. A.1 KV 
 teacher-forced scores, and ``kv-short``: word keys with five-digit values in filler text
 (:func:`triangle_mix.kv_short_prompt`), a key-value task this model does with dense attention.
 
-Usage: python packages/triangle-mix/benchmarks/quality_smollm2.py --out docs/trianglemix [--samples 25]
+Usage: python packages/triangle-mix/benchmarks/quality_smollm2.py --out results/quality [--samples 25]
 Results are appended to <out>/quality.jsonl as they come, and summarised in <out>/quality.md.
 """
 
@@ -376,7 +376,7 @@ def _paired_vs_dense(kl) -> list[str]:
 def main_v2(argv=None) -> bool:
     """The later stages alone (``--stages table7,passkey``), with a fixed start layer."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="docs/trianglemix")
+    ap.add_argument("--out", default="results/quality")
     ap.add_argument(
         "--stages", required=True, help="comma list of table7, passkey, kv, kv-likelihood, kv-short"
     )
@@ -457,7 +457,7 @@ def main_v2(argv=None) -> bool:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="docs/trianglemix")
+    ap.add_argument("--out", default="results/quality")
     ap.add_argument("--samples", type=int, default=25, help="samples per length")
     ap.add_argument("--lengths", default="2000,4000,6000,8000")
     ap.add_argument("--probe-samples", type=int, default=8)

@@ -145,19 +145,29 @@ def _permuted_blocks_inner(
     # of key modalities; for a sub-tile they are supersets, so the test can only err towards
     # masking) instead of reducing over the tile's gathered columns.
     min_q_pos = tl.min(q_pos)
+    n_kv_blocks = tl.cdiv(S_KV, kv_block)
     for t in range(0, count * n_sub):
-        blk = tl.load(idx_base + (t // n_sub) * stride_idx_n)
+        blk = tl.load(idx_base + (t // n_sub) * stride_idx_n).to(tl.int64)
+        # Unchecked input (check_perm=False) must not make the kernel read out of bounds: a
+        # block number is clamped into the key blocks, a run start into [0, S_KV] (one scalar
+        # op per tile). The output of such input is undefined, the memory access is not.
         if RUN_LIST:
-            start_p = blk.to(tl.int64) + (t % n_sub) * BLOCK_N * run_step
+            blk = tl.minimum(tl.maximum(blk, 0), S_KV)
+        else:
+            blk = tl.minimum(tl.maximum(blk, 0), n_kv_blocks - 1)
+        if RUN_LIST:
+            start_p = blk + (t % n_sub) * BLOCK_N * run_step
             cols_p = start_p + offs_n * run_step
             last_p = start_p + (BLOCK_N - 1) * run_step
         else:
-            start_p = blk.to(tl.int64) * kv_block + (t % n_sub) * BLOCK_N
+            start_p = blk * kv_block + (t % n_sub) * BLOCK_N
             cols_p = start_p + offs_n
             last_p = start_p + BLOCK_N - 1
         col_ok = cols_p < S_KV
         if HAS_KV_PERM:
             cols = tl.load(kvp_base + cols_p * stride_kvp_s, mask=col_ok, other=0).to(tl.int64)
+            # An entry outside [0, S_KV) (unchecked input) is not gathered.
+            col_ok = col_ok & (cols >= 0) & (cols < S_KV)
         else:
             cols = cols_p
         k = tl.load(
@@ -174,13 +184,13 @@ def _permuted_blocks_inner(
         if APPLY_CAUSAL:
             # Causality on ORIGINAL positions: that is what keeps a permuted causal head exact.
             if HAS_KV_PERM:
-                max_col = tl.load(kvmax_base + blk.to(tl.int64) * stride_sum_n).to(tl.int64)
+                max_col = tl.load(kvmax_base + blk * stride_sum_n).to(tl.int64)
             else:
                 max_col = last_p
             need = need | (max_col > min_q_pos)
         if HAS_PAIRS:
             bits = tl.load(pairs_base + (t // n_sub) * stride_pairs_n).to(tl.int64)
-            k_set = tl.load(kvset_base + blk.to(tl.int64) * stride_sum_n).to(tl.int64)
+            k_set = tl.load(kvset_base + blk * stride_sum_n).to(tl.int64)
             # Every query modality a of the tile must allow every key modality of the block.
             for a in tl.static_range(PAIR_STRIDE):
                 row_a = (bits >> (a * PAIR_STRIDE)) & PAIR_ROW_BITS
@@ -201,10 +211,12 @@ def _permuted_blocks_inner(
                 keep = keep & (((row_bits[:, None] >> k_mod.to(tl.int32)[None, :]) & 1) != 0)
             qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        # A row that has seen no key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
-        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
+        # A row that has seen no key yet keeps m = -inf and subtracts 0, so that exp2 gives 0,
+        # not NaN. Keeping 0 as its max instead would make a later tile whose scores all lie
+        # below about -126 (log2 units) underflow to an empty row.
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if IEEE:
@@ -292,6 +304,9 @@ def _permuted_fwd_kernel(
     stride_rcnt_m,
     stride_step_b,
     stride_step_h,
+    idx_width,
+    fidx_width,
+    run_width,
     H,
     GROUP,
     KVP_HEAD_DIV,
@@ -333,6 +348,8 @@ def _permuted_fwd_kernel(
         qp_base = qp_ptr + b64 * stride_qp_b + h64 * stride_qp_h
         rows = tl.load(qp_base + offs_r.to(tl.int64) * stride_qp_s, mask=row_ok, other=0)
         rows = rows.to(tl.int64)
+        # An entry outside [0, S_Q) (unchecked input) is neither gathered nor written.
+        row_ok = row_ok & (rows >= 0) & (rows < S_Q)
     else:
         rows = offs_r.to(tl.int64)
 
@@ -373,7 +390,9 @@ def _permuted_fwd_kernel(
     pairs_base = (
         pairs_ptr + b64 * stride_pairs_b + h64 * stride_pairs_h + qb.to(tl.int64) * stride_pairs_m
     )
+    # Counts above the list width (unchecked input) would read past the list: clamp them.
     count = tl.load(cnt_ptr + b64 * stride_cnt_b + h64 * stride_cnt_h + qb * stride_cnt_m)
+    count = tl.minimum(count, idx_width)
     idx_base = idx_ptr + b64 * stride_idx_b + h64 * stride_idx_h + qb.to(tl.int64) * stride_idx_m
     acc, l_i, m_i = _permuted_blocks_inner(
         acc, l_i, m_i, q, k_base, v_base, kvp_base, idx_base, stride_idx_n, count,
@@ -385,6 +404,7 @@ def _permuted_fwd_kernel(
     )  # fmt: skip
     if HAS_RUNS:
         rcount = tl.load(rcnt_ptr + b64 * stride_rcnt_b + h64 * stride_rcnt_h + qb * stride_rcnt_m)
+        rcount = tl.minimum(rcount, run_width)
         run_base = (
             run_ptr + b64 * stride_run_b + h64 * stride_run_h + qb.to(tl.int64) * stride_run_m
         )
@@ -392,6 +412,8 @@ def _permuted_fwd_kernel(
             run_step = 1
         else:
             run_step = tl.load(step_ptr + b64 * stride_step_b + h64 * stride_step_h).to(tl.int64)
+            # A step < 1 or past the sequence (unchecked input) would address keys outside it.
+            run_step = tl.minimum(tl.maximum(run_step, 1), S_KV)
         # Step 1 (identity and modality orders) gets a loop with the step a constant: the compiler
         # then sees consecutive key rows. UNIT_STEPS: every head's step is 1 (no branch at all);
         # otherwise the branch picks per program (grid_and_boundaries.md §5d measures them).
@@ -415,6 +437,7 @@ def _permuted_fwd_kernel(
             )  # fmt: skip
     if HAS_FULL:
         fcount = tl.load(fcnt_ptr + b64 * stride_fcnt_b + h64 * stride_fcnt_h + qb * stride_fcnt_m)
+        fcount = tl.minimum(fcount, fidx_width)
         fidx_base = (
             fidx_ptr + b64 * stride_fidx_b + h64 * stride_fidx_h + qb.to(tl.int64) * stride_fidx_m
         )
@@ -515,9 +538,11 @@ def _kv_block_summaries(
         p = torch.nn.functional.pad(kv_perm.to(torch.int32), (0, pad), value=-1)
         kv_max = p.reshape(*p.shape[:2], nkb, kv_block).amax(-1).expand(B_, Hp, nkb).contiguous()
     if kv_modality is not None:
-        mods = kv_modality.long()[:, None, :].expand(B_, Hp, S_KV)
+        # Clamped: an unchecked out-of-range id or permutation entry must not index out of
+        # bounds here either (its output is undefined, as in the kernel).
+        mods = kv_modality.long().clamp(0, MAX_MODALITIES - 1)[:, None, :].expand(B_, Hp, S_KV)
         if kv_perm is not None:
-            mods = mods.gather(-1, kv_perm.long().expand(B_, Hp, S_KV))
+            mods = mods.gather(-1, kv_perm.long().clamp(0, S_KV - 1).expand(B_, Hp, S_KV))
         # Set bit m of block n for each key of modality m: a scatter of ones into [.., nkb * M].
         slot = torch.arange(S_KV, device=mods.device) // kv_block * MAX_MODALITIES + mods
         hit = torch.zeros(B_, Hp, nkb * MAX_MODALITIES, dtype=torch.int32, device=mods.device)
@@ -604,6 +629,8 @@ def _launch_permuted_fwd(
         *(_strides_blocks(kv_run_starts) if has_runs else (0, 0, 0, 0)),
         *(_strides_blocks(kv_run_counts) if has_runs else (0, 0, 0)),
         *(_strides_blocks(run_step) if has_runs else (0, 0)),
+        kv_block_indices.shape[-1], fidx.shape[-1],
+        kv_run_starts.shape[-1] if has_runs else 0,
         H, H // H_KV, kvp_div, S_Q, S_KV, block_m, block_n, scale, seq_bucket(S_KV),
     )  # fmt: skip
     flags = dict(

@@ -112,9 +112,9 @@ def _case(B, H, H_KV, S_Q, S_KV, D, bm, bn, perm, kvp, density, causal, full, dt
 
 
 def _check(q, k, v, kw, dtype):
-    res = permuted_block_sparse_attention(q, k, v, impl="triton", check_perm=True, **kw)
+    res = permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
     gold = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=torch.float64, **kw)
-    low = permuted_block_sparse_attention_reference(q, k, v, **kw)
+    low = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=q.dtype, **kw)
     assert res.out.shape == q.shape and res.out.dtype == q.dtype
     assert res.lse.shape == q.shape[:3] and res.lse.dtype == torch.float32
     assert_close_budget(res.out, low.out, gold.out, dtype=dtype, name="out")
@@ -727,12 +727,10 @@ def test_bad_input_raises(over, exc, match):
         permuted_block_sparse_attention(q, k, v, impl="reference", **_bad_kw(**over))
 
 
-def test_check_perm_is_opt_in_on_the_triton_path():
+def test_contents_are_checked_by_default_on_the_triton_path():
     q, k, v = make_qkv(1, 2, 1, 100, 100, 64, dtype=torch.float32, device=DEV)
     with pytest.raises(ValueError, match="q_perm: expected a permutation"):
-        permuted_block_sparse_attention(
-            q, k, v, impl="triton", check_perm=True, **_bad_kw(q_perm=_t([0] * 100))
-        )
+        permuted_block_sparse_attention(q, k, v, impl="triton", **_bad_kw(q_perm=_t([0] * 100)))
 
 
 @pytest.mark.parametrize(
@@ -799,7 +797,7 @@ def test_every_autotune_config_is_correct():
             seed=bm + bn,
         )
         gold = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=torch.float64, **kw)
-        low = permuted_block_sparse_attention_reference(q, k, v, **kw)
+        low = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=q.dtype, **kw)
         for cfg in pt._permuted_fwd_autotuned.configs:
             if bm % cfg.kwargs["BLOCK_M"] or bn % cfg.kwargs["BLOCK_N"]:
                 continue

@@ -6,7 +6,8 @@ import torch
 
 from .._types import AttentionOutput
 from .._validate import check_qkv, check_scale, check_triton_head_dim, resolve_impl
-from .reference import MAX_MODALITIES, permuted_block_sparse_attention_reference
+from . import checks
+from .reference import permuted_block_sparse_attention_reference
 
 _OP = "permuted_block_sparse_attention"
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -96,45 +97,30 @@ def _check_modality(t: object, name: str, B: int, S: int, device) -> None:
         raise ValueError(f"{name}: expected shape [{S}] or [{B} or 1, {S}], got {tuple(t.shape)}")
 
 
-def _is_permutation(perm: torch.Tensor) -> bool:
-    S = perm.shape[-1]
-    ar = torch.arange(S, device=perm.device, dtype=torch.int64)
-    return bool((torch.sort(perm.long(), dim=-1).values == ar).all())
-
-
-def _check_contents(
-    q_perm, kv_perm, lists: list[tuple[str, torch.Tensor, torch.Tensor]], nkb: int, modalities
-) -> None:
-    for name, mod in modalities:
-        if bool(((mod < 0) | (mod >= MAX_MODALITIES)).any()):
-            raise ValueError(
-                f"{name}: expected modality ids in [0, {MAX_MODALITIES}), got "
-                f"min {int(mod.min())}, max {int(mod.max())}"
-            )
+def _content_checks(
+    q_perm, kv_perm, lists, nkb: int, modalities, runs, run_step, S_KV: int
+) -> list[checks.Check]:
+    """The content checks of every index argument (see ``check_perm``), not yet read back."""
+    out = [checks.modality_check(mod, name) for name, mod in modalities]
     for name, perm in (("q_perm", q_perm), ("kv_perm", kv_perm)):
-        if perm is not None and not _is_permutation(perm):
-            raise ValueError(
-                f"{name}: expected a permutation of 0..{perm.shape[-1] - 1} along the last dim "
-                f"(every index exactly once), got repeated or out-of-range entries"
-            )
-    valids = []
+        if perm is not None:
+            out += checks.perm_check(perm, name)
+    listed = []
     for prefix, idx, cnt in lists:
         names = (f"{prefix}kv_block_indices", f"{prefix}kv_block_counts", "MAXB")
-        valid = _check_counted(idx, cnt, names, "listed key blocks", nkb)
-        valids.append((idx, valid))
+        found, mask = checks.counted_checks(idx, cnt, names, "listed key blocks", nkb)
+        out += found
+        listed.append((idx, mask))
     # A key block listed twice for one query block (in one list, or in both) would be summed
-    # twice by the kernel: reject it.
-    if valids:
-        shape = torch.broadcast_shapes(*(i.shape[:-1] for i, _ in valids))
-        idx = torch.cat([i.long().expand(*shape, -1) for i, _ in valids], dim=-1)
-        val = torch.cat([m.expand(*shape, -1) for _, m in valids], dim=-1)
-        keyed = torch.where(val, idx, -1 - torch.arange(idx.shape[-1], device=idx.device))
-        s = torch.sort(keyed, dim=-1).values
-        if bool((s[..., 1:] == s[..., :-1]).any()):
-            raise ValueError(
-                "kv_block_indices / full_kv_block_indices: expected each key block at most once "
-                "per query block (over both lists), got a repeated block"
-            )
+    # twice by the kernel.
+    out.append(checks.unique_blocks_check(listed))
+    if runs is not None:
+        names = ("kv_run_starts", "kv_run_counts", "MAXR")
+        found, _ = checks.counted_checks(*runs, names, "original key positions", S_KV)
+        out += found
+        if isinstance(run_step, torch.Tensor):
+            out.append(checks.range_check(run_step, "kv_run_step", 1, None, "steps >= 1"))
+    return out
 
 
 def _check_run_step(step: object, B: int, H: int, device) -> int | torch.Tensor:
@@ -152,29 +138,6 @@ def _check_run_step(step: object, B: int, H: int, device) -> int | torch.Tensor:
             f"kv_run_step: expected shape [{B} or 1, {H} or 1], got {tuple(step.shape)}"
         )
     return step.to(torch.int64)
-
-
-def _check_counted(
-    entries: torch.Tensor, counts: torch.Tensor, names: tuple[str, str, str], what: str, limit: int
-) -> torch.Tensor:
-    """A padded list (``entries [..., W]`` of which the first ``counts [...]`` are used): counts
-    in ``[0, W]`` and used entries in ``[0, limit)``. ``names``: the entries', the counts' and
-    the width's names in the messages. Returns the used-entry mask."""
-    ename, cname, wname = names
-    width = entries.shape[-1]
-    if bool(((counts < 0) | (counts > width)).any()):
-        raise ValueError(
-            f"{cname}: expected values in [0, {wname}={width}], got "
-            f"min {int(counts.min())}, max {int(counts.max())}"
-        )
-    valid = torch.arange(width, device=entries.device) < counts[..., None].long()
-    bad = valid & ((entries < 0) | (entries >= limit))
-    if bool(bad.any()):
-        raise ValueError(
-            f"{ename}: expected {what} in [0, {limit}), got "
-            f"{int(entries[bad].min())}..{int(entries[bad].max())}"
-        )
-    return valid
 
 
 def permuted_block_sparse_attention(
@@ -198,7 +161,7 @@ def permuted_block_sparse_attention(
     kv_run_counts: torch.Tensor | None = None,
     kv_run_step: int | torch.Tensor = 1,
     scale: float | None = None,
-    check_perm: bool | None = None,
+    check_perm: bool = True,
     impl: str = "auto",
 ) -> AttentionOutput:
     """Block-sparse attention in PERMUTED row/column order, read and written through indices.
@@ -267,11 +230,17 @@ def permuted_block_sparse_attention(
             caller keeps each key in at most one list (``check_perm`` checks the ranges only).
         kv_run_step: the runs' step, ``>= 1``: an int or an int tensor ``[B or 1, H or 1]``.
         scale: softmax scale, default ``D ** -0.5``.
-        check_perm: verify that the permutations are permutations, modality ids in ``[0, 8)``,
-            counts in ``[0, MAXB]``, listed blocks in range and no block listed twice. Cost:
-            one sort per head of each permutation (``O(S log S)``) and of each block list, plus
-            host syncs. None (default) = on for the reference path, off for the Triton path (no
-            sync in the hot path). A wrong index with the check off gives undefined output.
+        check_perm: check the index contents on every impl (on by default): the permutations
+            are permutations of ``0..S-1``, modality ids in ``[0, 8)``, counts in ``[0, MAXB]``
+            (``[0, MAXR]`` for runs), listed blocks in ``[0, ceil(S_KV / block_n))``, run
+            starts in ``[0, S_KV)``, run steps ``>= 1``, and no key block listed twice for one
+            query block (within a list or across the two lists). The checks run on the tensors'
+            device (a scatter per permutation row, a sort per query block's lists) and read
+            back one flag vector: one host synchronisation per call. ``False`` is for callers
+            that built the inputs with this library's planners (``sparse_patterns``' plans
+            pass it, keeping their CUDA-graph path free of host syncs); with it, invalid contents
+            give undefined output (the Triton kernel still reads and writes nothing out of
+            bounds). Shapes, dtypes and devices are checked either way.
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
 
     Returns:
@@ -292,6 +261,7 @@ def permuted_block_sparse_attention(
             f"indices={'None' if full_kv_block_indices is None else 'a tensor'}, "
             f"counts={'None' if full_kv_block_counts is None else 'a tensor'}"
         )
+    perms_given = (q_perm, kv_perm)
     # One layout for both paths: [B|1, heads|1, S].
     if q_perm is not None and q_perm.ndim < 3:
         q_perm = q_perm.reshape(1, -1, S_Q)
@@ -338,19 +308,12 @@ def permuted_block_sparse_attention(
                 f"(keep the blocks that need pair masks in kv_block_indices)"
             )
     which = resolve_impl(impl, dev, _OP)
-    if check_perm is None:
-        check_perm = which == "reference"
     if not isinstance(check_perm, bool):
-        raise TypeError(f"check_perm: expected a bool or None, got {type(check_perm).__name__}")
+        raise TypeError(f"check_perm: expected a bool, got {type(check_perm).__name__}")
     if check_perm:
-        _check_contents(q_perm, kv_perm, lists, nkb, modalities)
-        if kv_run_starts is not None:
-            names = ("kv_run_starts", "kv_run_counts", "MAXR")
-            _check_counted(kv_run_starts, kv_run_counts, names, "original key positions", S_KV)
-            if isinstance(kv_run_step, torch.Tensor) and bool((kv_run_step < 1).any()):
-                raise ValueError(
-                    f"kv_run_step: expected steps >= 1, got min {int(kv_run_step.min())}"
-                )
+        runs = None if kv_run_starts is None else (kv_run_starts, kv_run_counts)
+        found = _content_checks(*perms_given, lists, nkb, modalities, runs, kv_run_step, S_KV)
+        checks.raise_first(found)
     kw = dict(
         q_perm=q_perm,
         kv_perm=kv_perm,

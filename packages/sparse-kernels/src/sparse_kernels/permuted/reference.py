@@ -179,7 +179,11 @@ def permuted_block_sparse_attention_reference(
 ) -> AttentionOutput:
     """Permuted block-sparse attention by an explicit original-coordinate mask (no validation;
     the public op validates). See :func:`permuted_mask` for the attended set. The bool mask is
-    built whole; scores are computed ``row_chunk`` original rows at a time."""
+    built whole; scores are computed ``row_chunk`` original rows at a time.
+
+    ``compute_dtype`` is the precision of the scores, softmax, lse and ``P @ V``, as in
+    :func:`~sparse_kernels.attention.masked_attention_reference`: float32 by default (float64
+    for float64 inputs), so that an fp16 score above 65504 stays finite."""
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
     scale = D**-0.5 if scale is None else scale

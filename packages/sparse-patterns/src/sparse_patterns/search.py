@@ -87,8 +87,9 @@ def table3_candidates(
     entries: the frame stride (``tokens_per_frame``) when known, and a searched stride.
     ``exact_a_shape``: the A-shape entries as ``AShape(exact=True)`` (default: the paper's sink +
     local window with no block rounding, run by ``triangle_attention``; on an H100 1.1-1.3x faster
-    than the block lists of the rounded set, ``results/triangle/exact-a-shape-H100-2026-11-24.json``),
-    or, with ``False``, block-rounded in the layer's block-sparse launch."""
+    than the block lists of the rounded set,
+    ``results/triangle/exact-a-shape-H100-2026-11-24.json``), or, with ``False``, block-rounded in
+    the layer's block-sparse launch."""
     f = (lambda x, lo: _scaled(x, S, lo)) if scale_to_length else (lambda x, lo: x)
     out: list[HeadConfig] = []
     for sink, local in _TABLE3_ASHAPE:

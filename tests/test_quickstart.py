@@ -2,14 +2,15 @@
 
 The snippets under one ``## `` heading continue each other: they run in one namespace, a fresh one
 per heading. A snippet's own ``assert``s are its claims; around them, the ops that each patch
-should reach are counted, so a patch that silently ran dense attention fails here. Tracebacks
-point at the line of docs/quickstart.md. On a CPU the Triton kernels run under the interpreter
-(the root conftest sets ``TRITON_INTERPRET=1`` before anything imports triton).
+should reach are counted, so a patch that silently ran dense attention fails here. On a CPU the
+Triton kernels run under the interpreter (the root conftest sets ``TRITON_INTERPRET=1`` before
+anything imports triton).
 """
 
 from __future__ import annotations
 
 import collections
+import linecache
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,8 +102,11 @@ def test_quickstart_section_runs(section, monkeypatch):
     monkeypatch.chdir(REPO)  # the snippets name files of the repository by relative path
     namespace: dict[str, object] = {"__name__": "quickstart"}
     for snippet in SNIPPETS[section]:
-        # Leading newlines put the code at its line of the document, for tracebacks.
-        code = compile("\n" * (snippet.line - 1) + snippet.source, str(DOC), "exec")
+        # A traceback names the snippet by its line in the document and shows only its code.
+        name = f"<docs/quickstart.md, snippet at line {snippet.line}>"
+        lines = snippet.source.splitlines(keepends=True)
+        linecache.cache[name] = (len(snippet.source), None, lines, name)
+        code = compile(snippet.source, name, "exec")
         exec(code, namespace)
     assert dict(calls) == EXPECTED_CALLS[section]
     # the video's layout reached every MMInference layer (without it they run as all text)

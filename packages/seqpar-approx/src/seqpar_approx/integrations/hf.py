@@ -350,6 +350,11 @@ def prompt_embeddings(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class GenerationResult:
+    """Greedy tokens and this rank's timings in seconds: ``ttft_s = vision_s + prefill_s``
+    (vision encoder and prompt embedding, then the language model over the prompt up to the
+    first token); ``attention_s`` is the part of ``prefill_s`` spent in attention;
+    ``decode_s`` covers the tokens after the first."""
+
     tokens: list[int]
     ttft_s: float
     prefill_s: float
@@ -445,6 +450,8 @@ def sharded_generate(
         first_logits = logits[0, -1].float().cpu()
         sync()
         t_first = time.perf_counter()
+        # read before decoding: attention_s is the part of the prefill spent in attention
+        att = h.state.attention_seconds()
         tokens = [int(tok)]
         nxt = int(pos.max()) + 1
         for step in range(max_new_tokens - 1):
@@ -457,7 +464,6 @@ def sharded_generate(
             beat(f"decode step {step}")
         sync()
         t_end = time.perf_counter()
-        att = h.state.attention_seconds()
     return GenerationResult(
         tokens=tokens,
         ttft_s=t_first - t0,

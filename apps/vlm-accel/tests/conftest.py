@@ -39,3 +39,51 @@ def assert_dense_methods_exact():
         assert torch.equal(_logits(model, inputs), ref)
 
     return check
+
+
+class MethodCalls:
+    """Query lengths of every call of a method's attention function, by method, and the check
+    that a method ran where it changes the attention."""
+
+    # Shortest prompt where each method differs from dense: mminference (the patterns'
+    # attention function) runs dense SDPA below 256 tokens; a triangle layer with the CLI's
+    # shape (sink 8, window 512, last 128) drops keys only when S > window + last.
+    APPLIES_FROM = {"mminference": 256, "triangle": 512 + 128 + 1}
+
+    def __init__(self):
+        self.lengths = {"mminference": [], "triangle": []}
+
+    def reset(self) -> None:
+        for lengths in self.lengths.values():
+            lengths.clear()
+
+    def assert_ran(self, name: str, *, calls: int) -> None:
+        got = self.lengths[name]
+        assert len(got) >= calls, f"{name}: expected >= {calls} calls, got {len(got)}"
+        assert min(got) >= self.APPLIES_FROM[name], f"{name}: ran only at lengths {got}"
+
+
+@pytest.fixture
+def method_calls(monkeypatch):
+    """A :class:`MethodCalls` counting ``mminference_attention`` and TriangleMix's
+    ``triangle_attention`` as the CLI reaches them. Install it before the method is applied
+    (the patterns' attention function binds ``mminference_attention`` when it is made)."""
+    import sparse_patterns
+    import sparse_patterns.mminference as mm
+    import triangle_mix.integrations.hf as tm_hf
+
+    calls = MethodCalls()
+    real_mm, real_tri = mm.mminference_attention, tm_hf.triangle_attention
+
+    def mm_spy(q, *args, **kwargs):
+        calls.lengths["mminference"].append(q.shape[2])
+        return real_mm(q, *args, **kwargs)
+
+    def tri_spy(q, *args, **kwargs):
+        calls.lengths["triangle"].append(q.shape[2])
+        return real_tri(q, *args, **kwargs)
+
+    monkeypatch.setattr(mm, "mminference_attention", mm_spy)
+    monkeypatch.setattr(sparse_patterns, "mminference_attention", mm_spy)
+    monkeypatch.setattr(tm_hf, "triangle_attention", tri_spy)
+    return calls

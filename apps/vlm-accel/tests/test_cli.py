@@ -22,6 +22,9 @@ BASE = [
     "--device",
     "cpu",
 ]
+# 24 frames at 224 x 224: 813 tokens, long enough for every method to differ from dense
+# (conftest.MethodCalls.APPLIES_FROM).
+LONG = [*BASE[:6], "--frames", "24", "--max-pixels", "50176", "--device", "cpu"]
 
 
 def test_demo_prints_ttft_and_agreement(capsys):
@@ -30,42 +33,30 @@ def test_demo_prints_ttft_and_agreement(capsys):
     assert "dense TTFT" in out and "trianglemix TTFT" in out and "next-token argmax" in out
 
 
-def test_run_dense_and_trianglemix(capsys):
+def test_run_dense_and_trianglemix(capsys, method_calls):
     assert main(["run", *BASE, "--max-new-tokens", "3"]) == EXIT_OK
     out = capsys.readouterr().out
     assert "answer:" in out and "TTFT" in out and "video" in out
-    assert (
-        main(
-            [
-                "run",
-                *BASE,
-                "--method",
-                "trianglemix",
-                "--start-layer",
-                "2",
-                "--max-new-tokens",
-                "2",
-                "--fused",
-            ]  # fmt: skip
-        )
-        == EXIT_OK
-    )
+    assert method_calls.lengths == {"mminference": [], "triangle": []}
+    argv = ["run", *LONG, "--method", "trianglemix", "--start-layer", "2", "--max-new-tokens", "2"]
+    assert main([*argv, "--fused"]) == EXIT_OK
+    # layers 2 and 3, in the timed prefill and in generate's prefill
+    method_calls.assert_ran("triangle", calls=4)
+    assert "method: trianglemix" in capsys.readouterr().out
 
 
-def test_bench_writes_json_and_png(tmp_path):
+def test_bench_writes_json_and_png(tmp_path, method_calls):
     stem = tmp_path / "bench"
-    assert (
-        main(
-            ["bench", *BASE, "--methods", "dense,trianglemix", "--repeat", "1", "--out", str(stem)]
-        )
-        == EXIT_OK
-    )
+    argv = ["bench", *LONG, "--methods", "dense,trianglemix", "--repeat", "2", "--out", str(stem)]
+    assert main(argv) == EXIT_OK
     data = json.loads(stem.with_suffix(".json").read_text())
     assert [r["method"] for r in data["rows"]] == ["dense", "trianglemix"]
+    assert all(len(r["ttft_runs_s"]) == 2 for r in data["rows"])
+    method_calls.assert_ran("triangle", calls=3 * 2)  # warm-up + 2 runs, layers 2 and 3
     assert stem.with_suffix(".png").stat().st_size > 1000
 
 
-def test_search_then_show_and_run_mminference(tmp_path, capsys):
+def test_search_then_show_and_run_mminference(tmp_path, capsys, method_calls):
     cfg = tmp_path / "cfg.json"
     assert main(["search", *BASE, "--out", str(cfg)]) == EXIT_OK
     assert json.loads(cfg.read_text())["num_layers"] == 4
@@ -79,13 +70,14 @@ def test_search_then_show_and_run_mminference(tmp_path, capsys):
     assert png.stat().st_size > 1000
     assert (
         main(
-            ["run", *BASE, "--method", "mminference", "--config", str(cfg), "--max-new-tokens", "2"]
+            ["run", *LONG, "--method", "mminference", "--config", str(cfg), "--max-new-tokens", "2"]
         )
         == EXIT_OK
     )
+    method_calls.assert_ran("mminference", calls=2 * 4)  # timed and generate's prefill
 
 
-def test_search_a_shape_is_exact_unless_block_rounded_is_asked(tmp_path, monkeypatch):
+def test_search_a_shape_is_exact_unless_block_rounded_is_asked(tmp_path, monkeypatch, method_calls):
     """``search`` hands ``exact_a_shape=True`` to the search by default, whose A-shape heads
     without a boundary are then AShape(exact=True), and ``run`` executes that config;
     ``--block-rounded-a-shape`` hands ``False``."""
@@ -105,8 +97,10 @@ def test_search_a_shape_is_exact_unless_block_rounded_is_asked(tmp_path, monkeyp
     plain = [h["pattern"] for h in heads
              if h["pattern"]["kind"] == "a_shape" and h["boundary"]["kind"] == "none"]  # fmt: skip
     assert plain and all(p["exact"] for p in plain)
-    args = ["run", *BASE, "--method", "mminference", "--config", str(cfg), "--max-new-tokens", "2"]
+    method_calls.reset()
+    args = ["run", *LONG, "--method", "mminference", "--config", str(cfg), "--max-new-tokens", "2"]
     assert main(args) == EXIT_OK
+    method_calls.assert_ran("mminference", calls=2 * 4)
     rounded = tmp_path / "rounded.json"
     assert main(["search", *BASE, "--block-rounded-a-shape", "--out", str(rounded)]) == EXIT_OK
     assert seen == [True, False]
@@ -143,7 +137,6 @@ def test_chunked_mlp_is_exact():
             "needs --config",
             id="mminference-without-config",
         ),
-        pytest.param(["run", *BASE, "--method", "fast"], EXIT_INPUT, "--method", id="bad-method"),
         pytest.param(
             ["run", "--model", "/tmp", "--video", CLIP, "--prompt", "q"],
             EXIT_INPUT,
@@ -172,7 +165,8 @@ def test_corrupt_video_and_foreign_config(tmp_path, capsys):
         PatternConfig("other-model", 30, 4, ((HeadConfig(Dense()),) * 4,) * 30, {}).to_json()
     )
     assert main(["run", *BASE, "--method", "mminference", "--config", str(foreign)]) == EXIT_INPUT
-    assert "made for a model with 30 layers" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "expected a config for 4 layers x 4 heads (this model), got 30 layers x 4 heads" in err
 
 
 def test_frames_below_one_is_a_usage_error():
@@ -451,7 +445,7 @@ def test_video_inputs_carry_mm_token_type_ids_for_mrope():
     assert not torch.allclose(with_mm, without)
 
 
-def test_shipped_tiny_config_fits_the_demo_model_and_runs(capsys):
+def test_shipped_tiny_config_fits_the_demo_model_and_runs(capsys, method_calls):
     """The searched config shipped for the tiny Qwen2.5-VL (``vlm-accel search --model tiny
     --frames 64``) loads, matches the demo model's layers and heads, and drives ``run``."""
     from importlib.resources import files
@@ -466,6 +460,7 @@ def test_shipped_tiny_config_fits_the_demo_model_and_runs(capsys):
         lm_cfg.num_attention_heads,
     )
     assert cfg.metadata["searched_layers"] == list(range(cfg.num_layers))
-    args = ["run", *BASE, "--method", "mminference", "--config", str(path), "--max-new-tokens", "2"]
+    args = ["run", *LONG, "--method", "mminference", "--config", str(path), "--max-new-tokens", "2"]
     assert main(args) == EXIT_OK
     assert "answer:" in capsys.readouterr().out
+    method_calls.assert_ran("mminference", calls=2 * cfg.num_layers)

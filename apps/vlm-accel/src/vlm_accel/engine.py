@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
+from .choices import METHODS
 from .errors import EXIT_MEMORY, CliError
 from .models import FAMILIES, family_of, hand_inputs, has_video, layout_kwargs, model_class
 
 SUPPORTED = tuple(FAMILIES)  # the model types vlm-accel runs
-METHODS = ("dense", "mminference", "trianglemix", "mminference+trianglemix")
 
 
 def _tf():
@@ -133,6 +133,19 @@ class Applied:
             h.remove()
 
 
+def check_config(model, pattern_config) -> None:
+    """A CliError unless ``pattern_config`` has the language model's numbers of layers and
+    attention heads (checked once the model is known, before any prefill)."""
+    cfg = language_model(model).config
+    n, H = cfg.num_hidden_layers, cfg.num_attention_heads
+    got = (pattern_config.num_layers, pattern_config.num_heads)
+    if got != (n, H):
+        raise CliError(
+            f"--config: expected a config for {n} layers x {H} heads (this model), got "
+            f"{got[0]} layers x {got[1]} heads (made for {pattern_config.model_id})"
+        )
+
+
 def apply_method(model, method: str, *, layout, pattern_config=None, start_layer: int | None = None,
                  sink: int = 8, window: int = 512, last: int = 128) -> Applied:  # fmt: skip
     """Switch the language model's attention to ``method``; ``Applied.remove()`` undoes it and
@@ -147,11 +160,8 @@ def apply_method(model, method: str, *, layout, pattern_config=None, start_layer
         raise CliError(
             "--method mminference needs --config CFG (write one with `vlm-accel search`)"
         )
-    if pattern_config is not None and pattern_config.num_layers != n:
-        raise CliError(
-            f"--config: made for a model with {pattern_config.num_layers} layers "
-            f"({pattern_config.model_id}), this model has {n}"
-        )
+    if pattern_config is not None:
+        check_config(model, pattern_config)
     if method == "mminference":
         from sparse_patterns.integrations.hf import apply_pattern_config
 

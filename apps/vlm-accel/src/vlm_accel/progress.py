@@ -1,4 +1,6 @@
-"""Progress bars for the CLI's long loops: tqdm on stderr, only when stderr is a terminal."""
+"""What the CLI shows while it works: status lines for the steps without a count (model load,
+video decode, first prefill) and tqdm bars for its loops, on stderr, only when stderr is a
+terminal."""
 
 from __future__ import annotations
 
@@ -13,6 +15,14 @@ def enabled(*, no_progress: bool = False, stream: IO | None = None) -> bool:
     stream = sys.stderr if stream is None else stream
     isatty = getattr(stream, "isatty", None)
     return not no_progress and callable(isatty) and bool(isatty())
+
+
+def status(message: str, *, no_progress: bool = False, stream: IO | None = None) -> None:
+    """One line ``vlm-accel: <message> ...`` on ``stream`` (default stderr) before a step that
+    takes seconds and has nothing to count, drawn as :func:`enabled` says."""
+    stream = sys.stderr if stream is None else stream
+    if enabled(no_progress=no_progress, stream=stream):
+        print(f"vlm-accel: {message} ...", file=stream, flush=True)
 
 
 def bar(

@@ -31,7 +31,7 @@ SELF_CHECKS = {
     "triangle-mix": ["python", "-m", "triangle_mix"],
     "seqpar-approx": ["python", "-m", "seqpar_approx"],
     "vlm-accel": ["vlm-accel", "--help"],
-    "spava-run": ["spava-run", "--help"],
+    "spava-run": ["spava-run", "--version"],
 }
 
 
@@ -177,4 +177,8 @@ def build(session: nox.Session) -> None:
         if dist not in ours or not all(ours.values()):
             session.error(f"{dist}: expected ours from the built wheels, got {ours}")
         session.log(f"{dist}: installed with {', '.join(ours)} from the built wheels")
-        session.run(str(venv / "bin" / cmd), *args, external=True)
+        out = session.run(str(venv / "bin" / cmd), *args, external=True, silent=True)
+        print(out, end="")
+        version = wheels[dist].name.split("-")[1]
+        if args == ["--version"] and version not in out.split():
+            session.error(f"{cmd} --version: expected {version}, got {out!r}")

@@ -35,9 +35,20 @@ def checkpoints(tmp_path_factory):
     return dirs
 
 
-def _argv(d, *extra, frames=4):
+# Frames and pixels per frame giving each family's tiny model a prompt long enough for every
+# method to differ from dense (conftest.MethodCalls.APPLIES_FROM): 864 and 681 tokens.
+LONG = {"qwen2_vl": (24, 224 * 224), "llava_onevision": (72, 12544)}
+
+
+def _argv(d, *extra, frames=4, max_pixels=12544):
     return ["run", "--model", str(d), "--video", CLIP, "--prompt", "What happens?",
-            "--frames", str(frames), "--device", "cpu", "--dtype", "fp32", *extra]  # fmt: skip
+            "--frames", str(frames), "--max-pixels", str(max_pixels),
+            "--device", "cpu", "--dtype", "float32", *extra]  # fmt: skip
+
+
+def _long_argv(mt, d, *extra):
+    frames, max_pixels = LONG[mt]
+    return _argv(d, *extra, frames=frames, max_pixels=max_pixels)
 
 
 def _load(d, frames=4, max_pixels=12544):
@@ -62,14 +73,18 @@ def test_packaged_tiny_config_is_the_builders(mt):
 
 
 @pytest.mark.parametrize("mt", FAMILIES)
-def test_run_from_a_saved_checkpoint(mt, checkpoints, capsys):
+def test_run_from_a_saved_checkpoint(mt, checkpoints, capsys, method_calls):
     per_frame = {"qwen2_vl": None, "llava_onevision": 9}[mt]
-    for method in ("dense", "trianglemix"):
-        argv = _argv(checkpoints[mt], "--method", method, "--start-layer", "1", "--max-new-tokens", "2")  # fmt: skip
-        assert main(argv) == EXIT_OK, method
-        cap = capsys.readouterr()
-        assert "answer:" in cap.out and f"method: {method}" in cap.out and "generated: 2" in cap.out
-        assert "building the video inputs by hand" in cap.err
+    argv = _long_argv(mt, checkpoints[mt], "--method", "trianglemix", "--start-layer", "1",
+                      "--max-new-tokens", "2")  # fmt: skip
+    assert main(argv) == EXIT_OK
+    method_calls.assert_ran("triangle", calls=2)  # layer 1, timed and generate's prefill
+    cap = capsys.readouterr()
+    assert "method: trianglemix" in cap.out and "generated: 2" in cap.out
+    assert main(_argv(checkpoints[mt], "--max-new-tokens", "2")) == EXIT_OK
+    cap = capsys.readouterr()
+    assert "answer:" in cap.out and "method: dense" in cap.out and "generated: 2" in cap.out
+    assert "building the video inputs by hand" in cap.err
     video = int(cap.out.split("(video ")[1].split(",")[0])
     if per_frame is not None:  # 4 pooled frames + the newline token
         assert video == 4 * per_frame + 1
@@ -80,13 +95,22 @@ def test_run_from_a_saved_checkpoint(mt, checkpoints, capsys):
 
 
 @pytest.mark.parametrize("mt", FAMILIES)
-def test_search_then_run_mminference(mt, checkpoints, tmp_path):
+def test_search_then_run_mminference(mt, checkpoints, tmp_path, method_calls):
+    """search on a short clip; its config drives mminference at a length where the patterns
+    apply, and mminference+trianglemix (layer 0 MMInference, layer 1 triangle)."""
     cfg = tmp_path / "cfg.json"
     base = _argv(checkpoints[mt])[1:]
     assert main(["search", *base, "--out", str(cfg)]) == EXIT_OK
     assert json.loads(cfg.read_text())["num_layers"] == 2
-    argv = [*_argv(checkpoints[mt]), "--method", "mminference+trianglemix", "--config", str(cfg)]
-    assert main([*argv, "--start-layer", "1", "--max-new-tokens", "1"]) == EXIT_OK
+    method_calls.reset()
+    argv = [*_long_argv(mt, checkpoints[mt]), "--config", str(cfg), "--max-new-tokens", "1"]
+    assert main([*argv, "--method", "mminference"]) == EXIT_OK
+    method_calls.assert_ran("mminference", calls=2 * 2)  # 2 layers, timed and generate's prefill
+    method_calls.reset()
+    argv = [*argv, "--method", "mminference+trianglemix", "--start-layer", "1"]
+    assert main(argv) == EXIT_OK
+    method_calls.assert_ran("mminference", calls=2)
+    method_calls.assert_ran("triangle", calls=2)
 
 
 @pytest.mark.parametrize("mt", FAMILIES)
@@ -221,7 +245,7 @@ def test_real_processor_path(mt, tmp_path, capsys):
     pytest.importorskip("torchvision")
     models.tiny_model(mt, seed=1).save_pretrained(tmp_path)
     _real_processor(mt).save_pretrained(tmp_path)
-    assert main([*_argv(tmp_path), "--method", "trianglemix", "--max-new-tokens", "2"]) == EXIT_OK
+    assert main([*_argv(tmp_path), "--max-new-tokens", "2"]) == EXIT_OK
     assert "by hand" not in capsys.readouterr().err
     model, proc, inputs, layout = _load(tmp_path)
     assert engine.is_processor(proc)
@@ -239,32 +263,36 @@ def test_real_processor_path(mt, tmp_path, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mt", FAMILIES)
-def test_cuda_bf16_accelerated_methods(mt, checkpoints, tmp_path, capsys):
+def test_cuda_bf16_accelerated_methods(mt, checkpoints, tmp_path, capsys, method_calls):
     """On a GPU: search, then trianglemix and mminference+trianglemix through the Triton
-    kernels in bf16, from the saved tiny checkpoint, with and without ``--fused``."""
+    kernels in bf16, from the saved tiny checkpoint, with and without ``--fused``, at a length
+    where both methods apply."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    cuda = ["--device", "cuda", "--dtype", "bf16"]
-    base = [*_argv(checkpoints[mt], frames=16)[1:-4], *cuda]
+    cuda = ["--device", "cuda", "--dtype", "bfloat16"]
+    base = [*_long_argv(mt, checkpoints[mt])[1:-4], *cuda]
     cfg = tmp_path / "cfg.json"
     assert main(["search", *base, "--out", str(cfg)]) == EXIT_OK
     for method in ("trianglemix", "mminference+trianglemix"):
         argv = ["run", *base, "--method", method, "--config", str(cfg), "--start-layer", "1"]
-        assert main([*argv, "--max-new-tokens", "2"]) == EXIT_OK, method
-        assert f"method: {method}" in capsys.readouterr().out
-        # the fused norms, MLP gates and rotary step (Triton) under the same method
-        assert main([*argv, "--max-new-tokens", "2", "--fused"]) == EXIT_OK, method
-        assert f"method: {method}" in capsys.readouterr().out
+        for fused in ([], ["--fused"]):  # the fused norms, MLP gates and rotary step (Triton)
+            method_calls.reset()
+            assert main([*argv, "--max-new-tokens", "2", *fused]) == EXIT_OK, method
+            assert f"method: {method}" in capsys.readouterr().out
+            method_calls.assert_ran("triangle", calls=2)
+            if method != "trianglemix":
+                method_calls.assert_ran("mminference", calls=2)
 
 
 @pytest.mark.parametrize("mt", FAMILIES)
-def test_show_and_bench(mt, checkpoints, tmp_path):
+def test_show_and_bench(mt, checkpoints, tmp_path, method_calls):
     base = _argv(checkpoints[mt])[1:]
     png = tmp_path / "head.png"
     assert main(["show", *base, "--layer", "1", "--head", "3", "--out", str(png)]) == EXIT_OK
     assert png.stat().st_size > 1000
     stem = tmp_path / "bench"
-    argv = ["bench", *base, "--methods", "dense,trianglemix", "--start-layer", "0"]
-    assert main([*argv, "--repeat", "1", "--out", str(stem)]) == EXIT_OK
+    argv = ["bench", *_long_argv(mt, checkpoints[mt])[1:], "--methods", "dense,trianglemix"]
+    assert main([*argv, "--start-layer", "0", "--repeat", "1", "--out", str(stem)]) == EXIT_OK
     rows = json.loads(stem.with_suffix(".json").read_text())["rows"]
     assert [r["method"] for r in rows] == ["dense", "trianglemix"]
+    method_calls.assert_ran("triangle", calls=2 * 2)  # warm-up and 1 run, layers 0 and 1

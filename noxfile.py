@@ -30,7 +30,7 @@ SELF_CHECKS = {
     "sparse-patterns": ["python", "-m", "sparse_patterns"],
     "triangle-mix": ["python", "-m", "triangle_mix"],
     "seqpar-approx": ["python", "-m", "seqpar_approx"],
-    "vlm-accel": ["vlm-accel", "--help"],
+    "vlm-accel": ["vlm-accel", "--version"],
     "spava-run": ["spava-run", "--version"],
 }
 

@@ -40,7 +40,7 @@ def test_help_lists_the_options_examples_and_defaults(capsys):
         assert default in " ".join(out.split()), default
     assert "{bfloat16,float16,float32}" in out
     assert "examples:" in out and "torchrun --nproc-per-node 2 -m spava_run.cli" in out
-    assert "Exit codes" not in out or "4 does not fit in memory" in out
+    assert "exit codes: 0 ok, 1 internal error, 2 usage" in out and "4 out of memory" in out
 
 
 def test_version(capsys):
@@ -186,6 +186,34 @@ def test_errors_name_the_rank_under_a_launcher(monkeypatch, capsys):
     assert capsys.readouterr().err == (
         "spava-run: rank 1: error: --video: no such file: /nonexistent.mp4\n"
     )
+
+
+@pytest.mark.parametrize(
+    "exc, code, line",
+    [
+        pytest.param(
+            MemoryError("16 GiB"), 4, "spava-run: error: out of memory (16 GiB)", id="oom"
+        ),
+        pytest.param(
+            torch.OutOfMemoryError("CUDA out of memory.\nTried to allocate"),
+            4,
+            "spava-run: error: out of GPU memory (CUDA out of memory.)",
+            id="cuda-oom",
+        ),
+        pytest.param(
+            RuntimeError("boom\nmore"), 1, "spava-run: internal error: RuntimeError: boom", id="bug"
+        ),
+    ],
+)
+def test_failures_during_the_run_are_one_line_with_their_code(exc, code, line, monkeypatch, capsys):
+    import spava_run.cli as cli
+
+    def run(args):
+        raise exc
+
+    monkeypatch.setattr(cli, "_run", run)
+    assert main(["--tiny-demo"]) == code
+    assert capsys.readouterr().err == line + "\n"
 
 
 def test_json_write_is_atomic_with_the_umask(tmp_path):

@@ -49,6 +49,10 @@ examples:
 
 timings: TTFT = vision + prefill on each rank; attention is the part of the prefill spent in
 attention; decode follows the first token. The job's TTFT is the slowest rank's.
+
+exit codes: 0 ok, 1 internal error, 2 usage (a flag or its value), 3 bad input (model, video,
+output path, launcher), 4 out of memory; 70/71 when the watchdog ends a rank (peer failed /
+no progress).
 """
 
 

@@ -69,3 +69,13 @@ def test_refusals_name_the_part_and_patch_nothing():
     assert not any("forward" in m.__dict__ for m in model.modules())
     with pytest.raises(ValueError, match="expected a model with decoder layers"):
         fuse_per_token_ops(torch.nn.Linear(2, 2))
+
+
+def test_fused_handle_is_a_context_manager():
+    model = _model("llama", "cpu")
+    ids = torch.randint(0, 97, (1, 11), generator=torch.Generator().manual_seed(2))
+    eager = _logits(model, ids)
+    with fuse_per_token_ops(model, impl="reference"):
+        assert "forward" in model.model.norm.__dict__
+        assert torch.equal(_logits(model, ids), eager)
+    assert "forward" not in model.model.norm.__dict__

@@ -84,3 +84,14 @@ def test_capture_qkv_and_layer_count_check():
     bad = PatternConfig("x", 3, 4, ((HeadConfig(VerticalSlash()),) * 4,) * 3)
     with pytest.raises(ValueError, match="3 layers"):
         apply_pattern_config(model, bad)
+
+
+def test_vlm_config_sizes_are_checked_against_the_text_config():
+    from modality_index.integrations.hf import tiny_qwen2_5_vl_config
+
+    model = transformers.Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config(layers=2))
+    vs = (HeadConfig(VerticalSlash()),)
+    with pytest.raises(ValueError, match="3 layers, the model has 2"):
+        apply_pattern_config(model, PatternConfig("x", 3, 4, (vs * 4,) * 3))
+    with pytest.raises(ValueError, match="8 query heads per layer, the model has 4"):
+        apply_pattern_config(model, PatternConfig("x", 2, 8, (vs * 8,) * 2))

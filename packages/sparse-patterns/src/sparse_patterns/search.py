@@ -359,7 +359,9 @@ def search_config(
         from .integrations.hf import capture_qkv
 
         items = capture_qkv(model_or_qkv_provider, inputs, layers=layers)
-        cfg = model_or_qkv_provider.config
+        # A VLM's language-model sizes live in its text config (``get_text_config`` is the
+        # config itself for a text-only model).
+        cfg = model_or_qkv_provider.config.get_text_config()
         num_layers = num_layers or cfg.num_hidden_layers
         num_heads = num_heads or cfg.num_attention_heads
     found: dict[int, tuple[HeadConfig, ...]] = {}

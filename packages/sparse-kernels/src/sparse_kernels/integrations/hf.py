@@ -48,6 +48,12 @@ class ForwardPatches:
         for undo in more:
             undo()
 
+    def __enter__(self) -> ForwardPatches:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
 
 def _language_model(model):
     inner = getattr(model, "model", model)

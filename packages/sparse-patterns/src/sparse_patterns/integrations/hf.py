@@ -152,10 +152,17 @@ def apply_pattern_config(
 ) -> Handle:
     """Switch ``model`` to MMInference attention driven by ``config``; returns a :class:`Handle`."""
     tf = _transformers()
-    n_layers = getattr(model.config, "num_hidden_layers", None)
+    text = model.config.get_text_config()  # a VLM's language-model sizes
+    n_layers = getattr(text, "num_hidden_layers", None)
+    n_heads = getattr(text, "num_attention_heads", None)
     if n_layers is not None and n_layers != config.num_layers:
         raise ValueError(
             f"PatternConfig is for {config.num_layers} layers, the model has {n_layers}"
+        )
+    if n_heads is not None and n_heads != config.num_heads:
+        raise ValueError(
+            f"PatternConfig is for {config.num_heads} query heads per layer, the model has "
+            f"{n_heads}"
         )
     name = f"sparse_patterns_mminference_{next(_names)}"
     tf.AttentionInterface.register(

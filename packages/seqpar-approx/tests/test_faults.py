@@ -59,7 +59,7 @@ def test_watchdog_rejects_bad_timeout():
             "asked for 2 processes (OMPI_COMM_WORLD_SIZE=2)",
             id="mpirun",
         ),
-        pytest.param({"SLURM_NTASKS": "4"}, "asked for 4 processes (SLURM_NTASKS=4)", id="srun"),
+        pytest.param({"PMI_SIZE": "4"}, "asked for 4 processes (PMI_SIZE=4)", id="pmi"),
         pytest.param(
             # what accelerate's single-process launcher exports for --cpu --num_processes 2
             {
@@ -74,7 +74,7 @@ def test_watchdog_rejects_bad_timeout():
     ],
 )
 def test_launcher_that_started_fewer_processes_is_refused(monkeypatch, env, asked):
-    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
+    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -66,8 +66,10 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 300.0) ->
     return dist.get_rank(), dist.get_world_size()
 
 
-# Process counts set by launchers that do not set RANK/WORLD_SIZE (MPI implementations, Slurm).
-_COUNT_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
+# Process counts that MPI launchers (mpirun, mpiexec, srun with PMI) give each process they start
+# and that torch.distributed does not read. Allocation-wide counts (SLURM_NTASKS) are left out:
+# a batch script that runs one process on purpose has them too.
+_COUNT_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
 def requested_processes() -> tuple[int | str, str] | None:

@@ -162,7 +162,7 @@ def head_figure(
         from matplotlib.patches import Patch
         from matplotlib.ticker import MaxNLocator
     except ImportError as e:  # pragma: no cover - exercised through a monkeypatched import
-        raise ImportError("plot_head needs matplotlib: pip install matplotlib") from e
+        raise ImportError("plot_head needs matplotlib: pip install 'sparse-patterns[plot]'") from e
     imgs = head_images(q, k, plan, batch=batch, head=head, size=size)
     S, blk = plan.S, plan.block
     f = int(imgs["pool"])

@@ -78,7 +78,10 @@ def decode_video(path, num_frames: int) -> torch.Tensor:
     """``num_frames`` frames sampled uniformly over the video with PyAV: uint8 ``[N, H, W, 3]``."""
     from pathlib import Path
 
-    import av
+    try:
+        import av
+    except ImportError as e:
+        raise ImportError("decode_video needs PyAV: pip install 'modality-index[hf]'") from e
 
     path = Path(path)
     if not path.is_file():

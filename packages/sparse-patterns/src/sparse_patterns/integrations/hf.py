@@ -50,7 +50,7 @@ def _transformers():
         import transformers
     except ImportError as e:  # pragma: no cover
         raise ImportError(
-            "sparse_patterns.integrations.hf needs transformers: pip install transformers"
+            "sparse_patterns.integrations.hf needs transformers: pip install 'sparse-patterns[hf]'"
         ) from e
     return transformers
 

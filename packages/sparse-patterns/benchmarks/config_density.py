@@ -2,7 +2,7 @@
 ``plan_layer`` of every layer with the config's heads on the captured q/k, density = computed
 blocks / causal blocks, averaged over the heads of all layers.
 
-    uv run python packages/sparse-patterns/benchmarks/config_density.py \
+    uv run --group test --group models python packages/sparse-patterns/benchmarks/config_density.py \
         packages/sparse-patterns/configs/smollm2-135m-recall95-8k.json --tokens 8192
 """
 

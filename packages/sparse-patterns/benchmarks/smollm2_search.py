@@ -3,9 +3,9 @@
 1. Vertical-Slash recall of attention mass at MInference budgets, per captured layer;
 2. the offline search over every layer, written to ``configs/smollm2-135m.json``.
 
-    uv run python packages/sparse-patterns/benchmarks/smollm2_search.py [--tokens 4096]
+    uv run --group test --group models python packages/sparse-patterns/benchmarks/smollm2_search.py [--tokens 4096]
 
-Numbers go to docs/mminference.md.
+It prints its numbers; the config it writes is what docs/mminference.md describes.
 """
 
 from __future__ import annotations

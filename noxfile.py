@@ -80,7 +80,8 @@ def gpu_tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """pytest-benchmark suites on a GPU; JSON results in docs/benchmarks/<gpu>-<date>.json."""
+    """pytest-benchmark suites on a GPU; JSON results in results/<gpu>-<date>.json (the raw data
+    behind docs/results.md; BENCH_OUT names another folder)."""
     import datetime
     import subprocess
 
@@ -89,15 +90,15 @@ def bench(session: nox.Session) -> None:
         [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name().replace(' ', '-'))"],
         capture_output=True, text=True, env={**os.environ, **env}, check=True,
     ).stdout.strip()  # fmt: skip
-    out_dir = pathlib.Path(os.environ.get("BENCH_OUT", ROOT / "docs" / "benchmarks"))
+    out_dir = pathlib.Path(os.environ.get("BENCH_OUT", ROOT / "results"))
     out = out_dir / f"{gpu}-{datetime.date.today().isoformat()}.json"
-    # Benchmark files (or -k filters) given after `--` narrow the run.
-    paths = [a for a in session.posargs if not a.startswith("-")]
-    flags = [a for a in session.posargs if a.startswith("-")]
-    benches = paths or sorted(str(p) for p in ROOT.glob("*/*/benchmarks"))
+    # Arguments after `--` go to pytest as they are (`-- -k grid`, `-- path/bench_x.py`); without
+    # a benchmark file or folder among them, every package's benchmarks run.
+    given = any(pathlib.Path(a.split("::")[0]).exists() for a in session.posargs)
+    benches = [] if given else sorted(str(p) for p in ROOT.glob("*/*/benchmarks"))
     session.run(
         sys.executable, "-m", "pytest", *benches, "--benchmark-only", f"--benchmark-json={out}",
-        "-p", "no:cacheprovider", "-o", "python_files=bench_*.py", *flags, env=env,
+        "-p", "no:cacheprovider", "-o", "python_files=bench_*.py", *session.posargs, env=env,
     )  # fmt: skip
 
 

@@ -60,7 +60,7 @@ def test_search_then_show_and_run_mminference(tmp_path, capsys, method_calls):
     cfg = tmp_path / "cfg.json"
     assert main(["search", *BASE, "--out", str(cfg)]) == EXIT_OK
     assert json.loads(cfg.read_text())["num_layers"] == 4
-    png = tmp_path / "head.png"
+    png = tmp_path / "pictures" / "head.png"  # missing directories are created, as for search
     assert (
         main(
             ["show", *BASE, "--config", str(cfg), "--layer", "1", "--head", "0", "--out", str(png)]
@@ -68,6 +68,7 @@ def test_search_then_show_and_run_mminference(tmp_path, capsys, method_calls):
         == EXIT_OK
     )
     assert png.stat().st_size > 1000
+    assert sorted(p.name for p in png.parent.iterdir()) == ["head.png"]
     assert (
         main(
             ["run", *LONG, "--method", "mminference", "--config", str(cfg), "--max-new-tokens", "2"]

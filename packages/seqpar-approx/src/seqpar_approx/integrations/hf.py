@@ -61,7 +61,7 @@ def _transformers():
         import transformers
     except ImportError as e:  # pragma: no cover - exercised only without the extra
         raise ImportError(
-            "seqpar_approx.integrations.hf needs transformers: pip install transformers"
+            "seqpar_approx.integrations.hf needs transformers: pip install 'seqpar-approx[hf]'"
         ) from e
     return transformers
 

@@ -4,6 +4,7 @@ that names the expected and the received value, or gives the reference's answer.
 Run on both engines: the Triton kernels under the interpreter on the CPU, compiled on CUDA.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -150,8 +151,6 @@ def test_vertical_slash_indices_must_have_qs_batch_and_heads(B_idx, H_idx, impl)
 def test_vertical_slash_prebuilt_index_is_checked(field, make, exc, match, impl):
     q, k, v = make_qkv(1, 4, 2, 128, 128, 32, dtype=torch.float16, device=DEV)
     vi, si = _vs_indices(1, 4)
-    import dataclasses
-
     index = build_vertical_slash_index(vi, si, seq_len=128)
     bad = dataclasses.replace(index, **{field: make(index)})
     with pytest.raises(exc, match=match):
@@ -259,7 +258,10 @@ def test_empty_head_dim_is_a_value_error(op, impl):
 def test_merge_names_the_supported_dtypes(impl):
     outs = [torch.zeros(1, 2, 8, 16, dtype=torch.float64, device=DEV)] * 2
     lses = [torch.zeros(1, 2, 8, device=DEV)] * 2
-    want = r"outs\[0\]: expected dtype torch.float16, torch.bfloat16 or torch.float32, got torch.float64"
+    want = (
+        r"outs\[0\]: expected dtype torch.float16, torch.bfloat16 or torch.float32, "
+        r"got torch.float64"
+    )
     with pytest.raises(TypeError, match=want):
         merge_attention(outs, lses, impl=impl)
 

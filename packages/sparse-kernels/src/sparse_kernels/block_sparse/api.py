@@ -36,9 +36,8 @@ def _check_lists(
         num, inum, op=_OP, dims=(bdim, hdim, ("ceil(S_Q/BLOCK_M)", nqb)), device=device
     )  # fmt: skip
     Bm, Hm = num.shape[:2]
-    idx = check_index_tensor(
-        idx, iidx, op=_OP, dims=(("B'", Bm), ("H'", Hm), ("ceil(S_Q/BLOCK_M)", nqb), ("W", None)), device=device
-    )  # fmt: skip
+    idx_dims = (("B'", Bm), ("H'", Hm), ("ceil(S_Q/BLOCK_M)", nqb), ("W", None))
+    idx = check_index_tensor(idx, iidx, op=_OP, dims=idx_dims, device=device)
     if not check_indices:
         return
     W = idx.shape[-1]
@@ -105,7 +104,7 @@ def block_sparse_attention(
             PyTorch over the expanded mask, scores and softmax in float32) or ``"auto"`` (triton
             on CUDA, reference elsewhere).
         check_indices: verify counts are within the lists' width and listed indices are in
-            range and not duplicated (reduced on the device, then three host reads); pass
+            range and not duplicated (reduced on the device, then up to five host reads); pass
             ``False`` only for a mask already checked or built valid (timed loops): unchecked
             bad lists are undefined behaviour. Shapes, dtypes and devices are checked either way.
 

@@ -238,9 +238,11 @@ def permuted_block_sparse_attention(
             device (a scatter per permutation row, a sort per query block's lists) and read
             back one flag vector: one host synchronisation per call. ``False`` is for callers
             that built the inputs with this library's planners (``sparse_patterns``' plans
-            pass it, keeping their CUDA-graph path free of host syncs); with it, invalid contents
-            give undefined output (the Triton kernel still reads and writes nothing out of
-            bounds). Shapes, dtypes and devices are checked either way.
+            pass it, keeping their hot path free of host syncs). With it, invalid contents
+            are undefined behaviour: the Triton kernel bounds counts, ``q_perm`` entries and run
+            steps itself, but an out-of-range block number, run start or ``kv_perm`` entry may
+            make it read out of bounds (a crash). Shapes, dtypes and devices are checked either
+            way.
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
 
     Returns:

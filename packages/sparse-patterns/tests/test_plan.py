@@ -268,7 +268,7 @@ def test_layer_triton_within_error_budget(dtype):
     out = plan.run(q, k, v, impl="triton")
     m = plan.row_mask(torch.arange(S, device=dev))
     gold = masked_attention_reference(q, k, v, m, scale=64**-0.5, compute_dtype=torch.float64)
-    low = masked_attention_reference(q, k, v, m, scale=64**-0.5)
+    low = masked_attention_reference(q, k, v, m, scale=64**-0.5, compute_dtype=q.dtype)
     assert_close_budget(out.out, low.out, gold.out, dtype=dtype)
 
 
@@ -543,7 +543,7 @@ def test_layer_gpu_bf16_real_head_shape(block):
     gold = masked_attention_reference(
         q[:, :, rows], k, v, m, scale=128**-0.5, compute_dtype=torch.float64
     )
-    low = masked_attention_reference(q[:, :, rows], k, v, m, scale=128**-0.5)
+    low = masked_attention_reference(q[:, :, rows], k, v, m, scale=128**-0.5, compute_dtype=q.dtype)
     assert_close_budget(out.out[:, :, rows], low.out, gold.out, dtype=torch.bfloat16)
 
 
@@ -743,7 +743,7 @@ def test_exact_vertical_heads_run_the_minference_set(impl):
     assert torch.equal(mask[:, [1, 4]], alone.row_mask(rows)[:, [0, 1]])
     out = plan.run(q, k, v, impl=impl)
     gold = masked_attention_reference(q, k, v, mask, scale=D**-0.5, compute_dtype=torch.float64)
-    low = masked_attention_reference(q, k, v, mask, scale=D**-0.5)
+    low = masked_attention_reference(q, k, v, mask, scale=D**-0.5, compute_dtype=q.dtype)
     assert_close_budget(out.out, low.out, gold.out, dtype=torch.float32)
     with pytest.raises(NotImplementedError, match="exact_verticals"):
         plan.to_block_mask()
@@ -812,7 +812,7 @@ def test_exact_a_shape_heads_run_the_triangle_set(impl):
     assert torch.equal(mask[:, [1, 4]], alone.row_mask(rows))
     out = plan.run(q, k, v, impl=impl)
     gold = masked_attention_reference(q, k, v, mask, scale=D**-0.5, compute_dtype=torch.float64)
-    low = masked_attention_reference(q, k, v, mask, scale=D**-0.5)
+    low = masked_attention_reference(q, k, v, mask, scale=D**-0.5, compute_dtype=q.dtype)
     assert_close_budget(out.out, low.out, gold.out, dtype=torch.float32)
     with pytest.raises(NotImplementedError, match="exact=True"):
         plan.to_block_mask()

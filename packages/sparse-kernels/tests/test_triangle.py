@@ -265,3 +265,20 @@ def test_forced_config_matches_reference(B, H, H_KV, S_Q, S_KV, D, sink, window,
     out, lse = _run_config(q, k, v, cfg, sink=sink, window=window, L=last, chunk=128)
     assert_close_budget(out, low.out, gold.out, dtype=dtype)
     assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
+
+
+def test_window_rows_with_very_negative_scores_are_not_emptied():
+    """Without a sink, a row's first key tile can be fully outside its window; a later tile whose
+    scores are all very negative (here about -100 after scaling) must still set the row's maximum
+    (exp2 of them against a maximum of 0 underflows and empties the row)."""
+    B, H, S, D = 1, 2, 128, 16
+    dtype = torch.float16
+    g = torch.Generator().manual_seed(0)
+    q = torch.full((B, H, S, D), 8.0, dtype=dtype).to(DEV)
+    k = (-8.0 + 0.01 * torch.randn(B, H, S, D, generator=g)).to(dtype).to(DEV)
+    v = torch.randn(B, H, S, D, generator=g).to(dtype).to(DEV)
+    out = triangle_attention(q, k, v, sink=0, window=16, last=0, impl="triton")
+    ref = triangle_attention(q, k, v, sink=0, window=16, last=0, impl="reference")
+    assert torch.isfinite(out.lse).all()
+    torch.testing.assert_close(out.lse, ref.lse, rtol=0, atol=1e-2)
+    torch.testing.assert_close(out.out.float(), ref.out.float(), rtol=0, atol=1e-2)

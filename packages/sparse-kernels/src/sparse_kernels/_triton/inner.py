@@ -68,12 +68,14 @@ def _attn_tile_inner(
                 keep = keep & ((cols[None, :] < sink) | (q_pos[:, None] - cols[None, :] < window))
             qk = tl.where(keep, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            # A row that has seen no key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+            # A row that has seen no key yet keeps m = -inf (so a later tile of very negative
+            # scores still sets its maximum); it subtracts 0 instead, so exp2 gives 0, not NaN.
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
+            m_sub = m_new
+        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if IEEE:

@@ -195,7 +195,7 @@ def permuted_block_sparse_attention(
     does not cross a segment end; with ``d`` = the grid stride: every block inside one grid
     line) can go here instead of in ``kv_block_indices``: the kernel then computes the tile's
     key positions instead of reading the key permutation (the indirection costs about 30% at
-    128K on an H100, ``docs/benchmarks/grid_and_boundaries.md`` §5c).
+    128K on an H100, ``results/boundary/boundary-gather-cost-H100-2026-11-23.json``).
     :func:`~sparse_kernels.permuted.split_run_blocks` makes the split. Runs take no pair mask.
 
     Because causality is evaluated on original positions, a causal Grid head stays exact after

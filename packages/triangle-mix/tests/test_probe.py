@@ -60,9 +60,10 @@ def test_probe_runs_on_a_tiny_llama():
     model = transformers.LlamaForCausalLM(cfg).eval()
     model.set_attn_implementation("sdpa")
     res = probe_start_layer(
-        model, _CharTokenizer(), samples=2, tokens=400, sink=4, window=16, last=16
-    )
-    assert len(res.grad_middle) == 3 and res.tokens > 300
+        model, _CharTokenizer(), samples=2, tokens=400, sink=4, window=16, last=16,
+        model_id="tiny-llama",
+    )  # fmt: skip
+    assert len(res.grad_middle) == 3 and res.tokens > 300 and res.model_id == "tiny-llama"
     # The next-token logit does not depend on the last layer's other rows: its Middle gradient is 0.
     assert res.grad_middle[-1] == 0.0
     assert res.grad_last[-1] != 0.0 and res.att_middle[0] > 0.0
@@ -116,3 +117,61 @@ def test_plot_probe_rejects_other_results(tmp_path):
 
     with pytest.raises(TypeError, match="expected a ProbeResult, got dict"):
         plot_probe({"grad_middle": [1.0]}, tmp_path / "x.png")
+
+
+def _result(**change):
+    import dataclasses
+
+    from triangle_mix import ProbeResult
+
+    base = ProbeResult(
+        grad_middle=(1.0, 0.5, 0.0), grad_last=(0.2,) * 3, att_middle=(0.3,) * 3,
+        att_last=(0.4,) * 3, suggested_start_layer=2, threshold=0.1, n_samples=2, tokens=400,
+        sink=4, window=16, last=16,
+    )  # fmt: skip
+    return dataclasses.replace(base, **change)
+
+
+def test_probe_result_json_round_trip_and_files_without_model_id():
+    import json
+
+    from triangle_mix import ProbeResult
+
+    for res in (_result(), _result(model_id="Qwen2.5-VL-7B-Instruct")):
+        assert ProbeResult.from_json(res.to_json()) == res
+    old = json.loads(_result().to_json())
+    del old["model_id"]  # written before the field existed
+    assert ProbeResult.from_json(json.dumps(old)) == _result()
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        pytest.param({"grad_last": [0.2]}, r"grad_last: expected a list of 3 numbers", id="short-curve"),
+        pytest.param({"grad_middle": []}, "grad_middle: expected a list of one or more", id="no-layers"),
+        pytest.param({"att_last": [0.1, "x", 0.2]}, "att_last: expected a list of 3", id="not-a-number"),
+        pytest.param({"suggested_start_layer": 4}, r"expected 0..3 \(the curves have 3 layers\), got 4",
+                     id="start-past-the-end"),
+        pytest.param({"tokens": -1}, "tokens: expected an integer >= 0, got -1", id="negative"),
+        pytest.param({"sink": True}, "sink: expected an integer >= 0, got True", id="bool"),
+        pytest.param({"threshold": "0.1"}, "threshold: expected a number, got '0.1'", id="threshold"),
+        pytest.param({"model_id": 7}, "model_id: expected a string or null, got 7", id="model-id"),
+        pytest.param({"extra": 1}, r"unknown keys \['extra'\]", id="unknown-key"),
+        pytest.param({"window": None}, "window: expected an integer >= 0, got None", id="none"),
+    ],
+)  # fmt: skip
+def test_probe_result_from_json_names_the_bad_field(change, match):
+    import json
+
+    from triangle_mix import ProbeResult
+
+    data = json.loads(_result().to_json())
+    data.update(change)
+    with pytest.raises(ValueError, match=match):
+        ProbeResult.from_json(json.dumps(data))
+    with pytest.raises(ValueError, match="expected a ProbeResult JSON object, got list"):
+        ProbeResult.from_json("[]")
+    with pytest.raises(ValueError, match=r"expected the ProbeResult fields \['grad_last'"):
+        ProbeResult.from_json(json.dumps({k: v for k, v in data.items() if k != "grad_last"}))
+    with pytest.raises(ValueError, match="invalid JSON"):
+        ProbeResult.from_json("{")

@@ -40,9 +40,59 @@ class ProbeResult:
     sink: int
     window: int
     last: int
+    model_id: str | None = None  # the model probed, when the caller names it
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> ProbeResult:
+        """The result written by :meth:`to_json` (files without ``model_id`` load with None).
+        Wrong or missing fields raise ValueError naming the field, expected and received."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"expected a ProbeResult JSON object, got invalid JSON ({e})"
+            ) from None
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a ProbeResult JSON object, got {type(data).__name__}")
+        curves = ("grad_middle", "grad_last", "att_middle", "att_last")
+        ints = ("suggested_start_layer", "n_samples", "tokens", "sink", "window", "last")
+        missing = [f for f in (*curves, *ints, "threshold") if f not in data]
+        if missing:
+            raise ValueError(f"expected the ProbeResult fields {missing}, got keys {sorted(data)}")
+        unknown = sorted(set(data) - {*curves, *ints, "threshold", "model_id"})
+        if unknown:
+            raise ValueError(f"expected only ProbeResult fields, got unknown keys {unknown}")
+        n = len(data["grad_middle"]) if isinstance(data["grad_middle"], list) else -1
+        number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+        for f in curves:
+            v = data[f]
+            if not (isinstance(v, list) and len(v) == n and n > 0 and all(map(number, v))):
+                raise ValueError(
+                    f"{f}: expected a list of {n if n > 0 else 'one or more'} numbers (one per "
+                    f"layer), got {v!r:.80}"
+                )
+        for f in ints:
+            v = data[f]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{f}: expected an integer >= 0, got {v!r}")
+        if not 0 <= data["suggested_start_layer"] <= n:
+            raise ValueError(
+                f"suggested_start_layer: expected 0..{n} (the curves have {n} layers), got "
+                f"{data['suggested_start_layer']}"
+            )
+        th = data["threshold"]
+        if isinstance(th, bool) or not isinstance(th, (int, float)):
+            raise ValueError(f"threshold: expected a number, got {th!r}")
+        mid = data.get("model_id")
+        if mid is not None and not isinstance(mid, str):
+            raise ValueError(f"model_id: expected a string or null, got {mid!r}")
+        return cls(
+            **{f: tuple(float(x) for x in data[f]) for f in curves},
+            **{f: data[f] for f in ints}, threshold=float(th), model_id=mid,
+        )  # fmt: skip
 
 
 def suggest_start_layer(
@@ -122,11 +172,15 @@ def probe_start_layer(
     last: int = 128,
     threshold: float = 0.1,
     seed: int = 0,
+    model_id: str | None = None,
 ) -> ProbeResult:
     """Run the probe on ``samples`` key-value retrieval prompts of about ``tokens`` tokens
-    (paper: 100 samples of ~2K tokens, sink 64, window 128, last 128)."""
+    (paper: 100 samples of ~2K tokens, sink 64, window 128, last 128). ``model`` is a causal
+    LM or a VLM (the probe runs its language model on text); ``model_id`` is stored in the
+    result."""
     tf, _, _ = _transformers()
-    n_layers = model.config.num_hidden_layers
+    # A VLM's config keeps the language model's sizes in its text config.
+    n_layers = model.config.get_text_config().num_hidden_layers
     acc = _Acc(n_layers)
 
     def fn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
@@ -166,6 +220,7 @@ def probe_start_layer(
         grad_middle=gm, grad_last=mean(acc.g_last), att_middle=mean(acc.a_mid), att_last=mean(acc.a_last),
         suggested_start_layer=suggest_start_layer(gm, threshold), threshold=threshold, n_samples=samples,
         tokens=int(sum(lengths) / len(lengths)), sink=sink, window=window, last=last,
+        model_id=model_id,
     )  # fmt: skip
 
 

@@ -55,7 +55,7 @@ def test_version():
     assert r.returncode == 0 and r.stdout.strip() == f"vlm-accel {metadata.version('vlm-accel')}"
 
 
-@pytest.mark.parametrize("command", ["run", "search", "bench", "show", "demo"])
+@pytest.mark.parametrize("command", ["run", "search", "bench", "show", "probe", "demo"])
 def test_every_command_has_help(command):
     r = _run(command, "--help", timeout=120)
     assert r.returncode == 0 and f"vlm-accel {command}" in r.stdout

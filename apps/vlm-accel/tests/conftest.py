@@ -42,8 +42,9 @@ def assert_dense_methods_exact():
 
 
 class MethodCalls:
-    """Query lengths of every call of a method's attention function, by method, and the check
-    that a method ran where it changes the attention."""
+    """Query lengths of every call of a method's attention function, by method (and of
+    ``sparse_patterns.plan_layer``, with the head configs it planned), and the check that a
+    method ran where it changes the attention."""
 
     # Shortest prompt where each method differs from dense: mminference (the patterns'
     # attention function) runs dense SDPA below 256 tokens; a triangle layer with the CLI's
@@ -51,29 +52,36 @@ class MethodCalls:
     APPLIES_FROM = {"mminference": 256, "triangle": 512 + 128 + 1}
 
     def __init__(self):
-        self.lengths = {"mminference": [], "triangle": []}
+        self.lengths = {"mminference": [], "triangle": [], "plan_layer": []}
+        self.planned_heads = []  # the heads argument of each plan_layer call
 
     def reset(self) -> None:
         for lengths in self.lengths.values():
             lengths.clear()
+        self.planned_heads.clear()
 
-    def assert_ran(self, name: str, *, calls: int) -> None:
+    def assert_ran(self, name: str, *, calls: int, applies_from: int | None = None) -> None:
+        """At least ``calls`` calls, each at a length of at least ``applies_from`` (default: the
+        CLI's shape, :attr:`APPLIES_FROM`)."""
         got = self.lengths[name]
+        low = self.APPLIES_FROM[name] if applies_from is None else applies_from
         assert len(got) >= calls, f"{name}: expected >= {calls} calls, got {len(got)}"
-        assert min(got) >= self.APPLIES_FROM[name], f"{name}: ran only at lengths {got}"
+        assert min(got) >= low, f"{name}: expected lengths >= {low}, ran at {got}"
 
 
 @pytest.fixture
 def method_calls(monkeypatch):
-    """A :class:`MethodCalls` counting ``mminference_attention`` and TriangleMix's
-    ``triangle_attention`` as the CLI reaches them. Install it before the method is applied
-    (the patterns' attention function binds ``mminference_attention`` when it is made)."""
+    """A :class:`MethodCalls` counting ``mminference_attention``, TriangleMix's
+    ``triangle_attention`` and ``sparse_patterns.plan_layer`` (looked up by the benchmarks when
+    they apply a method) as the CLI reaches them. Install it before the method is applied (the
+    patterns' attention function binds ``mminference_attention`` when it is made)."""
     import sparse_patterns
     import sparse_patterns.mminference as mm
     import triangle_mix.integrations.hf as tm_hf
 
     calls = MethodCalls()
     real_mm, real_tri = mm.mminference_attention, tm_hf.triangle_attention
+    real_plan = sparse_patterns.plan_layer
 
     def mm_spy(q, *args, **kwargs):
         calls.lengths["mminference"].append(q.shape[2])
@@ -83,6 +91,12 @@ def method_calls(monkeypatch):
         calls.lengths["triangle"].append(q.shape[2])
         return real_tri(q, *args, **kwargs)
 
+    def plan_spy(q, k, heads, *args, **kwargs):
+        calls.lengths["plan_layer"].append(q.shape[2])
+        calls.planned_heads.append(tuple(heads))
+        return real_plan(q, k, heads, *args, **kwargs)
+
+    monkeypatch.setattr(sparse_patterns, "plan_layer", plan_spy)
     monkeypatch.setattr(mm, "mminference_attention", mm_spy)
     monkeypatch.setattr(sparse_patterns, "mminference_attention", mm_spy)
     monkeypatch.setattr(tm_hf, "triangle_attention", tri_spy)

@@ -36,8 +36,13 @@ def test_demo_prints_ttft_and_agreement(capsys):
 def test_run_dense_and_trianglemix(capsys, method_calls):
     assert main(["run", *BASE, "--max-new-tokens", "3"]) == EXIT_OK
     out = capsys.readouterr().out
-    assert "answer:" in out and "TTFT" in out and "video" in out
-    assert method_calls.lengths == {"mminference": [], "triangle": []}
+    assert "TTFT" in out and "video" in out
+    # no tokenizer: the ids are shown as ids, under a label that says so
+    (answer,) = [line for line in out.splitlines() if line.startswith("answer")]
+    label, ids = answer.split(": ")
+    assert label == "answer (token ids; the tiny random model has no tokenizer)"
+    assert len(ids.split()) == 3 and all(i.isdigit() for i in ids.split())
+    assert method_calls.lengths == {"mminference": [], "triangle": [], "plan_layer": []}
     argv = ["run", *LONG, "--method", "trianglemix", "--start-layer", "2", "--max-new-tokens", "2"]
     assert main([*argv, "--fused"]) == EXIT_OK
     # layers 2 and 3, in the timed prefill and in generate's prefill
@@ -45,12 +50,27 @@ def test_run_dense_and_trianglemix(capsys, method_calls):
     assert "method: trianglemix" in capsys.readouterr().out
 
 
-def test_bench_writes_json_and_png(tmp_path, method_calls):
+def test_bench_writes_json_and_png(tmp_path, method_calls, monkeypatch, capsys):
+    from vlm_accel import plots
+
+    drawn = []
+    real = plots.bench_figure
+
+    def spy(rows, **kwargs):
+        drawn.append(kwargs)
+        return real(rows, **kwargs)
+
+    monkeypatch.setattr(plots, "bench_figure", spy)
     stem = tmp_path / "bench"
-    argv = ["bench", *LONG, "--methods", "dense,trianglemix", "--repeat", "2", "--out", str(stem)]
+    argv = ["bench", *LONG, "--methods", "trianglemix,dense", "--repeat", "2", "--out", str(stem)]
     assert main(argv) == EXIT_OK
     data = json.loads(stem.with_suffix(".json").read_text())
-    assert [r["method"] for r in data["rows"]] == ["dense", "trianglemix"]
+    device = f"CPU ({torch.get_num_threads()} threads)"
+    assert data["device"] == device
+    assert drawn == [{"device": device, "baseline": "dense"}]
+    note = "note: TriangleMix from layer 2 of 4 (half the layers): no --start-layer and no probe"
+    assert note in capsys.readouterr().err
+    assert [r["method"] for r in data["rows"]] == ["trianglemix", "dense"]
     assert all(len(r["ttft_runs_s"]) == 2 for r in data["rows"])
     method_calls.assert_ran("triangle", calls=3 * 2)  # warm-up + 2 runs, layers 2 and 3
     assert stem.with_suffix(".png").stat().st_size > 1000
@@ -311,18 +331,44 @@ def _benchmark_module(name: str):
     return mod
 
 
+def _assert_smoke_paths_sparse(mod, method_calls, methods):
+    """The smoke run's sparse paths ran at its 1024 tokens with shapes that drop keys there:
+    every planned A-shape and Vertical-Slash head, and TriangleMix's triangle layers."""
+    from sparse_patterns import AShape, VerticalSlash
+
+    S, dims = 1024, mod.SMOKE
+    n, start = dims["layers"], dims["start"]
+    timed = [m for m in methods if "trianglemix" not in m]
+    # dynamic layers: all of them for mminference, those below start for the mix (timed run)
+    planned = sum(n if m in timed else start for m in methods)
+    method_calls.assert_ran("plan_layer", calls=planned, applies_from=256)
+    assert S in method_calls.lengths["plan_layer"]
+    specs = [h.pattern for heads in method_calls.planned_heads for h in heads]
+    a_shapes = [p for p in specs if isinstance(p, AShape)]
+    vs = [p for p in specs if isinstance(p, VerticalSlash)]
+    assert a_shapes and all(p.sink + p.window < S for p in a_shapes), a_shapes
+    assert vs and all(p.n_vertical + p.n_slash < S for p in vs), vs
+    if any("trianglemix" in m for m in methods):
+        # layers start..n-1 at the full length, where a triangle drops keys
+        drops_keys_from = dims["window"] + dims["last"] + 1
+        assert drops_keys_from <= 512  # also the short warm-up's length
+        method_calls.assert_ran("triangle", calls=n - start, applies_from=drops_keys_from)
+        assert S in method_calls.lengths["triangle"]
+
+
 @pytest.mark.parametrize(
     "extra",
     [[], ["--warmup-tokens", "512", "--single-pass"],
      ["--warmup-tokens", "512", "--single-pass", "--tune-full-length"]],
     ids=["full-warmup", "short-warmup", "short-warmup-tuned"],
 )  # fmt: skip
-def test_bench_ttft_smoke(tmp_path, extra):
+def test_bench_ttft_smoke(tmp_path, extra, method_calls):
     """The GPU benchmark's logic end to end at a tiny CPU shape (also the 1M-row mode: a short
-    warm-up, one event-timed pass per row)."""
+    warm-up, one event-timed pass per row), with every sparse path running where it drops keys."""
     mod = _benchmark_module("bench_ttft")
     out = tmp_path / "t.json"
     assert mod.main(["--smoke", "--out", str(out), *extra]) == 0
+    _assert_smoke_paths_sparse(mod, method_calls, ["mminference", "mminference+trianglemix"])
     rows = json.loads(out.read_text())["rows"]
     assert [r["method"] for r in rows] == list(mod.METHODS)
     assert all(r["last_hidden_cosine_vs_first_method"] > 0.99 for r in rows)
@@ -334,13 +380,14 @@ def test_bench_ttft_smoke(tmp_path, extra):
     ]
 
 
-def test_bench_ttft_fused_methods_smoke(tmp_path):
+def test_bench_ttft_fused_methods_smoke(tmp_path, method_calls):
     """``+fused`` rows run the same attention with fused norms, MLP gates and rotary step (the reference on
     the CPU: the eager arithmetic, so dense+fused equals dense bit for bit here)."""
     mod = _benchmark_module("bench_ttft")
     out = tmp_path / "t.json"
     methods = ["dense", "dense+fused", "mminference+trianglemix+fused"]
     assert mod.main(["--smoke", "--methods", ",".join(methods), "--out", str(out)]) == 0
+    _assert_smoke_paths_sparse(mod, method_calls, ["mminference+trianglemix"])
     rows = json.loads(out.read_text())["rows"]
     assert [r["method"] for r in rows] == methods
     assert [r["fused_parts"] for r in rows] == [False, True, True]
@@ -463,5 +510,5 @@ def test_shipped_tiny_config_fits_the_demo_model_and_runs(capsys, method_calls):
     assert cfg.metadata["searched_layers"] == list(range(cfg.num_layers))
     args = ["run", *LONG, "--method", "mminference", "--config", str(path), "--max-new-tokens", "2"]
     assert main(args) == EXIT_OK
-    assert "answer:" in capsys.readouterr().out
+    assert "answer (token ids" in capsys.readouterr().out
     method_calls.assert_ran("mminference", calls=2 * cfg.num_layers)

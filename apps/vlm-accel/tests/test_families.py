@@ -83,7 +83,8 @@ def test_run_from_a_saved_checkpoint(mt, checkpoints, capsys, method_calls):
     assert "method: trianglemix" in cap.out and "generated: 2" in cap.out
     assert main(_argv(checkpoints[mt], "--max-new-tokens", "2")) == EXIT_OK
     cap = capsys.readouterr()
-    assert "answer:" in cap.out and "method: dense" in cap.out and "generated: 2" in cap.out
+    assert "answer: " in cap.out and "method: dense" in cap.out and "generated: 2" in cap.out
+    assert "token ids" not in cap.out  # decoded with the checkpoint's tokenizer
     assert "building the video inputs by hand" in cap.err
     video = int(cap.out.split("(video ")[1].split(",")[0])
     if per_frame is not None:  # 4 pooled frames + the newline token

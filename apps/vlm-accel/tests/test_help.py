@@ -12,7 +12,7 @@ from importlib import metadata
 import pytest
 from vlm_accel.cli import build_parser, main
 
-COMMANDS = ["run", "search", "bench", "show", "demo"]
+COMMANDS = ["run", "search", "bench", "show", "probe", "demo"]
 
 
 def _subparsers():
@@ -46,7 +46,7 @@ def test_help_has_description_examples_and_every_default(command):
 
 
 def test_one_dtype_vocabulary():
-    for command in ("run", "search", "bench", "show"):
+    for command in ("run", "search", "bench", "show", "probe"):
         (dtype,) = [a for a in _subparsers()[command]._actions if a.dest == "dtype"]
         assert tuple(dtype.choices) == ("bfloat16", "float16", "float32")
 

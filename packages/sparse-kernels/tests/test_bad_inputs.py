@@ -13,7 +13,11 @@ from sparse_kernels import (
     attention,
     block_sparse_attention,
     build_vertical_slash_index,
+    grid_permutation,
+    line_folds,
+    line_scores,
     merge_attention,
+    permuted_block_sparse_attention,
     triangle_attention,
     vertical_slash_attention,
 )
@@ -242,8 +246,19 @@ def test_fp16_scores_past_65504_stay_finite(op, impl):
 @pytest.mark.parametrize("op", OPS)
 def test_scale_must_be_finite_and_positive(op, scale, impl):
     q, k, v = make_qkv(1, 2, 1, 128, 128, 16, dtype=torch.float16, device=DEV)
-    with pytest.raises(ValueError, match=rf"scale: expected a finite positive float, got {scale}"):
+    with pytest.raises(
+        ValueError, match=rf"scale: expected a finite positive float .*, got {scale}"
+    ):
         _run_op(op, q, k, v, impl=impl, scale=scale)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("op", OPS)
+def test_scale_past_float32_is_a_value_error(op, impl):
+    # the kernels take the scale as a float32 argument
+    q, k, v = make_qkv(1, 2, 1, 128, 128, 16, dtype=torch.float16, device=DEV)
+    with pytest.raises(ValueError, match=r"at most 3.403e\+38 \(float32\), got 1e\+300"):
+        _run_op(op, q, k, v, impl=impl, scale=1e300)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -335,3 +350,182 @@ def test_merge_ignores_an_empty_part_whatever_its_out(impl):
     empty_lse = torch.full_like(a.lse, float("-inf"))
     res = merge_attention([a.out, empty_out], [a.lse, empty_lse], impl=impl)
     assert torch.equal(res.out, a.out) and torch.equal(res.lse, a.lse)
+
+
+# ------------------------------------------------------------------------------------------
+# Flags, sizes and containers of the wrong kind
+
+
+def _flag_call(op: str, flag: str, value, impl: str):
+    q, k, v = make_qkv(1, 2, 1, 80, 80, 16, dtype=torch.float32, device=DEV)
+    if op == "attention":
+        return attention(q, k, v, impl=impl, **{flag: value})
+    if op == "block_sparse":
+        sel = torch.ones(1, 1, 2, 2, dtype=torch.bool, device=DEV)
+        bm = BlockMask.from_kv_blocks(*_lists(sel), BLOCK_SIZE=(64, 64))
+        return block_sparse_attention(q, k, v, bm, impl=impl, **{flag: value})
+    if op == "vertical_slash":
+        vi, si = _vs_indices(1, 2)
+        return vertical_slash_attention(q, k, v, vi, si, impl=impl, **{flag: value})
+    idx = torch.arange(2, dtype=torch.int32, device=DEV).expand(1, 1, 2, 2).contiguous()
+    cnt = torch.full((1, 1, 2), 2, dtype=torch.int32, device=DEV)
+    return permuted_block_sparse_attention(
+        q, k, v, kv_block_indices=idx, kv_block_counts=cnt, impl=impl, **{flag: value}
+    )
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("value", ["False", None, 0], ids=repr)
+@pytest.mark.parametrize(
+    "op, flag",
+    [
+        ("attention", "causal"),
+        ("block_sparse", "causal"),
+        ("block_sparse", "check_indices"),
+        ("vertical_slash", "check_indices"),
+        ("permuted", "causal"),
+    ],
+)
+def test_flags_must_be_bools(op, flag, value, impl):
+    # "False" is truthy and None falsy: either would silently pick a different attended set
+    with pytest.raises(TypeError, match=rf"{flag}: expected a bool, got {type(value).__name__}"):
+        _flag_call(op, flag, value, impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_triton_on_a_device_it_cannot_run_is_a_value_error(impl):
+    q, k, v = (t.to("meta") for t in make_qkv(1, 2, 1, 80, 80, 16, dtype=torch.float32))
+    if impl == "reference":  # shapes only: the reference runs on meta tensors
+        assert attention(q, k, v, impl=impl).out.shape == q.shape
+        return
+    with pytest.raises(
+        ValueError, match=r"impl='triton' needs CUDA tensors .*, got tensors on meta"
+    ):
+        attention(q, k, v, impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    "kw",
+    [dict(sink=10**30), dict(window=10**30), dict(last=10**30)],
+    ids=["sink", "window", "last"],
+)
+def test_triangle_sizes_past_the_sequence_select_every_key(kw, impl):
+    q, k, v = make_qkv(1, 2, 1, 80, 80, 16, dtype=torch.float32, device=DEV)
+    args = {"sink": 4, "window": 16, "last": 8, **kw}
+    got = triangle_attention(q, k, v, **args, impl=impl)
+    clamped = {n: min(x, 80) for n, x in args.items()}
+    low = triangle_attention_reference(q, k, v, **clamped)
+    gold = triangle_attention_reference(q, k, v, **clamped, compute_dtype=torch.float64)
+    assert_close_budget(got.out, low.out, gold.out, dtype=torch.float32)
+    assert_close_budget(got.lse, low.lse, gold.lse, dtype=torch.float32, name="lse")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_block_sparse_duplicate_names_the_block(impl):
+    q, k, v = make_qkv(1, 2, 1, 128, 128, 16, dtype=torch.float32, device=DEV)
+    num = torch.tensor([[[2, 2]]], dtype=torch.int32, device=DEV)
+    idx = torch.tensor([[[[0, 1], [1, 1]]]], dtype=torch.int32, device=DEV)
+    bm = BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=64, compute_q_blocks=False)
+    with pytest.raises(ValueError, match=r"got kv block 1 listed 2 times for query block 1"):
+        block_sparse_attention(q, k, v, bm, impl=impl)
+
+
+@pytest.mark.parametrize("block", [64.0, True], ids=repr)
+def test_vertical_slash_block_sizes_must_be_ints(block):
+    vi, si = _vs_indices(1, 2)
+    with pytest.raises(TypeError, match=rf"block_m: expected an int in \(64, 128\), got {block!r}"):
+        build_vertical_slash_index(vi, si, seq_len=80, block_m=block)
+
+
+def test_vertical_slash_index_seq_len_is_bounded_by_int32():
+    vi, si = _vs_indices(1, 2)
+    with pytest.raises(
+        ValueError, match=r"seq_len: expected an int in \[1, 2\*\*31\), got 2147483648"
+    ):
+        build_vertical_slash_index(vi, si, seq_len=2**31)
+
+
+def test_vertical_slash_index_devices_checked_before_contents():
+    vi, si = _vs_indices(1, 2)
+    with pytest.raises(ValueError, match=r"one device, got meta and cpu"):
+        build_vertical_slash_index(vi.to("meta"), si.cpu(), seq_len=80)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_merge_takes_sequences_only(impl):
+    outs = [torch.zeros(1, 2, 8, 16, device=DEV)]
+    lses = [torch.zeros(1, 2, 8, device=DEV)]
+    with pytest.raises(
+        TypeError, match=r"expected sequences \(list/tuple\) of tensors, got outs of type generator"
+    ):
+        merge_attention((o for o in outs), lses, impl=impl)
+
+
+def _grid_order(S: int, stride: int, phase: int) -> torch.Tensor:
+    return torch.tensor(sorted(range(S), key=lambda i: ((i - phase) % stride, i)))
+
+
+@pytest.mark.parametrize(
+    "stride, phase, impl",
+    [
+        *((st, ph, impl) for st, ph in [(80, 7), (81, 3), (500, 90)] for impl in IMPLS),
+        (2**40, 7, "reference"),
+        (2**40, 2**41 + 5, "reference"),
+    ],
+    ids=str,
+)
+def test_grid_permutation_stride_past_the_sequence(stride, phase, impl):
+    # the reference's line table is S + 1 entries whatever the stride (2**40 would need 8 TiB)
+    p = grid_permutation(80, stride, phase, impl=impl, device=DEV)
+    want = _grid_order(80, stride, phase)
+    assert torch.equal(p.perm[0].cpu().long(), want)
+    assert torch.equal(p.inverse[0].cpu().long(), torch.argsort(want))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    "kw, exc, match",
+    [
+        (
+            dict(stride=10**30),
+            ValueError,
+            r"stride: expected an int64 value, got an int of 100 bits",
+        ),
+        (dict(stride=7, phase=-(10**30)), ValueError, r"phase: expected an int64 value"),
+        (dict(stride=torch.tensor([], dtype=torch.int64)), ValueError, r"H >= 1, got shape \(0,\)"),
+    ],
+    ids=["stride-huge", "phase-huge", "stride-empty"],
+)
+def test_grid_permutation_bad_head_vectors(kw, exc, match, impl):
+    with pytest.raises(exc, match=match):
+        grid_permutation(80, impl=impl, **kw)
+
+
+def test_grid_permutation_offsets_narrower_than_a_stride():
+    offsets = torch.zeros(1, 3, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match=r"at most the offsets' width W=2"):
+        grid_permutation(80, 7, offsets=offsets, impl="reference")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    "shape_q, shape_k, match",
+    [
+        ((1, 2, 8, 0), (1, 1, 80, 0), r"head dim D >= 1, got shape \(1, 2, 8, 0\)"),
+        ((0, 2, 8, 16), (0, 1, 80, 16), r"B >= 1 .*, got shape \(0, 2, 8, 16\)"),
+    ],
+    ids=["D0", "B0"],
+)
+def test_line_scores_empty_dims(shape_q, shape_k, match, impl):
+    q_rows, k = torch.randn(shape_q, device=DEV), torch.randn(shape_k, device=DEV)
+    with pytest.raises(ValueError, match=match):
+        line_scores(q_rows, k, 72, impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_line_folds_period_past_the_sequence(impl):
+    # the folds are [B, H, period]: a period of 10**12 would allocate terabytes of zeros
+    q_rows, k = torch.randn(1, 2, 8, 16, device=DEV), torch.randn(1, 1, 80, 16, device=DEV)
+    with pytest.raises(ValueError, match=r"period: expected >= 1 and at most S=80, got 10{12}"):
+        line_folds(q_rows, k, 72, period=10**12, lo=0, hi=80, impl=impl)

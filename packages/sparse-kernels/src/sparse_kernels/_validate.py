@@ -12,6 +12,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Triton kernels pad the head dim to the next power of two (at least 16) and mask the loads.
 TRITON_MAX_HEAD_DIM = 128
 IMPLS = ("auto", "triton", "reference")
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def check_tensor(t: object, name: str) -> torch.Tensor:
@@ -59,13 +60,24 @@ def check_qkv(
     return B, H, H_KV, S_Q, S_KV, D
 
 
+def check_bool(value: object, name: str, op: str) -> bool:
+    """A flag must be a real ``bool``: a string such as ``"False"`` or ``None`` would otherwise be
+    taken for its truth value and change the result without a word."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{op}: {name}: expected a bool, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
 def check_scale(scale: float | None, D: int) -> float:
     if scale is None:
         return D**-0.5
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale: expected a finite positive float, got {scale}")
+    # The kernels take the scale as a float32 argument: a larger one is not representable.
+    if not (math.isfinite(scale) and 0 < scale <= FLOAT32_MAX):
+        raise ValueError(
+            f"scale: expected a finite positive float at most {FLOAT32_MAX:.4g} (float32), got {scale}"
+        )
     return float(scale)
 
 
@@ -79,10 +91,12 @@ def resolve_impl(impl: str, device: torch.device, op: str) -> str:
         raise ValueError(f"{op}: impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
         return "triton" if device.type == "cuda" else "reference"
-    if impl == "triton" and device.type != "cuda" and not interpreter_enabled():
+    if impl == "triton" and not (
+        device.type == "cuda" or (device.type == "cpu" and interpreter_enabled())
+    ):
         raise ValueError(
-            f"{op}: impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before import "
-            f"for the CPU interpreter), got tensors on {device}"
+            f"{op}: impl='triton' needs CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set "
+            f"before import, for the interpreter), got tensors on {device}"
         )
     return impl
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._types import AttentionOutput
-from .._validate import check_qkv, check_scale, check_triton_head_dim, resolve_impl
+from .._validate import check_bool, check_qkv, check_scale, check_triton_head_dim, resolve_impl
 from .reference import attention_reference
 
 
@@ -43,6 +43,7 @@ def attention(
     """
     _, _, _, _, _, D = check_qkv(q, k, v)
     scale = check_scale(scale, D)
+    causal = check_bool(causal, "causal", "attention")
     which = resolve_impl(impl, q.device, "attention")
     if which == "reference":
         return attention_reference(q, k, v, causal=causal, scale=scale)

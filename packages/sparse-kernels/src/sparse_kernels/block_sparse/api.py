@@ -6,6 +6,7 @@ import torch
 
 from .._types import AttentionOutput
 from .._validate import (
+    check_bool,
     check_index_range,
     check_index_tensor,
     check_qkv,
@@ -59,10 +60,14 @@ def _check_no_duplicates(bm, nkb: int) -> None:
         take = torch.arange(idx.shape[-1], device=idx.device) < num[..., None]
         dst = torch.where(take, idx.to(torch.int64), nkb).expand(*shape, idx.shape[-1])
         count.scatter_add_(-1, dst, torch.ones_like(dst, dtype=torch.int32))
-    if bool((count[..., :nkb] > 1).any()):
+    dup = count[..., :nkb] > 1
+    if bool(dup.any()):
+        b, h, m, n = (int(x) for x in dup.nonzero()[0])
         raise ValueError(
             f"{_OP}: a kv block is listed twice for one query block (within a list or in both "
-            f"the partial and the full list); each block may be listed once"
+            f"the partial and the full list); each block may be listed once, got kv block {n} "
+            f"listed {int(count[b, h, m, n])} times for query block {m} (batch {b}, head {h} of "
+            f"the broadcast lists)"
         )
 
 
@@ -120,6 +125,8 @@ def block_sparse_attention(
     """
     B, H, _, S_Q, S_KV, D = check_qkv(q, k, v)
     scale = check_scale(scale, D)
+    causal = check_bool(causal, "causal", _OP)
+    check_indices = check_bool(check_indices, "check_indices", _OP)
     bs = getattr(block_mask, "BLOCK_SIZE", None)
     if bs is None or not hasattr(block_mask, "kv_num_blocks"):
         raise TypeError(

@@ -118,8 +118,9 @@ def _check_fold_args(period: int, lo: int, hi: int, S: int) -> None:
     for name, val in (("period", period), ("lo", lo), ("hi", hi)):
         if isinstance(val, bool) or not isinstance(val, int):
             raise TypeError(f"{name}: expected an int, got {type(val).__name__}")
-    if period < 1:
-        raise ValueError(f"period: expected >= 1, got {period}")
+    # a period past S only adds empty classes: [B, H, period] outputs of zeros
+    if not 1 <= period <= S:
+        raise ValueError(f"period: expected >= 1 and at most S={S}, got {period}")
     if not 0 <= lo <= hi <= S:
         raise ValueError(f"lo, hi: expected 0 <= lo <= hi <= S={S}, got lo={lo}, hi={hi}")
 
@@ -148,6 +149,10 @@ def _check_rows_and_keys(q_rows: torch.Tensor, k: torch.Tensor, row_start: int) 
         )
     if H_KV == 0 or H % H_KV:
         raise ValueError(f"GQA needs H % H_KV == 0, got H={H}, H_KV={H_KV}")
+    if B == 0 or D == 0:
+        raise ValueError(
+            f"q_rows: expected B >= 1 and a head dim D >= 1, got shape {tuple(q_rows.shape)}"
+        )
     if not 1 <= L <= 128:
         raise ValueError(f"q_rows: expected 1 <= L <= 128 rows, got L={L}")
     if isinstance(row_start, bool) or not isinstance(row_start, int):

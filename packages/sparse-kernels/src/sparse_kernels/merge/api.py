@@ -12,8 +12,12 @@ from .reference import merge_attention_reference
 
 
 def _check_merge(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> None:
-    if isinstance(outs, torch.Tensor) or isinstance(lses, torch.Tensor):
-        raise TypeError("outs and lses: expected sequences (list/tuple) of tensors, got a tensor")
+    for name, seq in (("outs", outs), ("lses", lses)):
+        if isinstance(seq, torch.Tensor) or not isinstance(seq, Sequence):
+            raise TypeError(
+                f"outs and lses: expected sequences (list/tuple) of tensors, got {name} of type "
+                f"{type(seq).__name__}"
+            )
     if len(outs) != len(lses):
         raise ValueError(
             f"expected as many lses as outs, got {len(outs)} outs and {len(lses)} lses"

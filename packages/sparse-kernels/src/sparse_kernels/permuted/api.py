@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._types import AttentionOutput
-from .._validate import check_qkv, check_scale, check_triton_head_dim, resolve_impl
+from .._validate import check_bool, check_qkv, check_scale, check_triton_head_dim, resolve_impl
 from . import checks
 from .reference import permuted_block_sparse_attention_reference
 
@@ -250,6 +250,7 @@ def permuted_block_sparse_attention(
     """
     B, H, H_KV, S_Q, S_KV, D = check_qkv(q, k, v)
     scale = check_scale(scale, D)
+    causal = check_bool(causal, "causal", _OP)
     block_m = _check_block("block_m", block_m)
     block_n = _check_block("block_n", block_n)
     nqb, nkb = -(-S_Q // block_m), -(-S_KV // block_n)

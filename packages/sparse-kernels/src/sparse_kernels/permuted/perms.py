@@ -31,14 +31,29 @@ def _as_head_vector(x: object, name: str, device: torch.device | None) -> torch.
     if isinstance(x, bool):
         raise TypeError(f"{name}: expected an int or an int tensor [H], got bool")
     if isinstance(x, int):
+        if not -(2**63) <= x < 2**63:
+            raise ValueError(
+                f"{name}: expected an int64 value, got an int of {x.bit_length()} bits"
+            )
         return torch.tensor([x], dtype=torch.int64, device=device)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected an int or an int tensor [H], got {type(x).__name__}")
     if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
         raise TypeError(f"{name}: expected an integer tensor, got dtype {x.dtype}")
-    if x.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D tensor [H], got shape {tuple(x.shape)}")
+    if x.ndim != 1 or x.numel() == 0:
+        raise ValueError(f"{name}: expected a 1-D tensor [H], H >= 1, got shape {tuple(x.shape)}")
     return x.to(device=device if device is not None else x.device, dtype=torch.int64)
+
+
+def _as_device(device: torch.device | str | None) -> torch.device:
+    if device is None:
+        return torch.device("cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(
+            f"device: expected a torch device (e.g. 'cuda', 'cpu'), got {device!r}"
+        ) from e
 
 
 def grid_permutation(
@@ -86,7 +101,7 @@ def grid_permutation(
             if isinstance(x, torch.Tensor):
                 device = x.device
                 break
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    device = _as_device(device)
     st = _as_head_vector(stride, "stride", device)
     ph = _as_head_vector(phase, "phase", device)
     if st.numel() != ph.numel() and 1 not in (st.numel(), ph.numel()):
@@ -114,10 +129,16 @@ def grid_permutation(
 
         return Permutation(*_launch_grid_permutation_fwd(S, st.expand(H), ph.expand(H), bound))
     if offsets is None:
+        # A stride >= S orders the tokens as stride S with the phase reduced into the sequence
+        # (the tokens from the phase on, then those before it); it keeps the line table at S + 1
+        # entries instead of stride + 1.
+        ph = torch.remainder(ph.expand(H), st.expand(H).clamp_min(1))  # strides < 1: raised below
+        ph = torch.where((st >= S) & (ph >= S), 0, ph)
+        st = st.clamp_max(S)
         offs = grid_line_offsets(S, st.expand(H), ph.expand(H), device=device)
     else:
         offs = offsets.to(device=device, dtype=torch.int64)
-        _assert_strides(st, None)
+        _assert_strides(st, max(offs.shape[1] - 1, 1), "the offsets' width W")
     st = st.expand(H)[:, None]
     ph = ph.expand(H)[:, None]
     i = torch.arange(S, device=device, dtype=torch.int64)[None, :]

@@ -101,12 +101,17 @@ def permuted_mask(
     under the same causal rule.
     """
     nqb, nkb = -(-S_Q // block_m), -(-S_KV // block_n)
+    # Block of each row / column: indexing by it costs O(S) whatever the block size (a block
+    # larger than the sequence is one block), where repeating each block would cost O(block).
+    row_block = torch.arange(S_Q, device=device) // block_m
+    col_block = torch.arange(S_KV, device=device) // block_n
+
+    def spread(x):
+        return x.index_select(2, row_block).index_select(3, col_block)
 
     def elem(indices, counts):
         bm = block_list_mask(indices.to(device), counts.to(device), nkb)
-        bm = bm.expand(B, H, nqb, nkb)
-        bm = bm.repeat_interleave(block_m, dim=2)[:, :, :S_Q]
-        return bm.repeat_interleave(block_n, dim=3)[:, :, :, :S_KV]
+        return spread(bm.expand(B, H, nqb, nkb))
 
     qp = expand_perm(q_perm, B, H, S_Q, device)
     if kv_perm is not None and kv_perm.ndim >= 2 and kv_perm.shape[-2] == H_KV and H_KV != H:
@@ -128,8 +133,7 @@ def permuted_mask(
             nkb,
             values=kv_block_pairs.to(device=device, dtype=torch.int64),
         ).expand(B, H, nqb, nkb)
-        bits = bits.repeat_interleave(block_m, dim=2)[:, :, :S_Q]
-        bits = to_original(bits.repeat_interleave(block_n, dim=3)[:, :, :, :S_KV])
+        bits = to_original(spread(bits))
         qm = _modality_rows(q_modality, B, S_Q, device)[:, None, :, None]
         km = _modality_rows(kv_modality, B, S_KV, device)[:, None, None, :]
         mask = mask & (torch.bitwise_right_shift(bits, qm * MAX_MODALITIES + km) & 1).bool()
@@ -139,12 +143,13 @@ def permuted_mask(
         valid = torch.arange(st.shape[-1], device=device) < kv_run_counts.to(device)[..., None]
         step = torch.as_tensor(kv_run_step, dtype=torch.int64, device=device)
         step = step.reshape(1, 1) if step.ndim == 0 else step  # [B|1, H|1]
-        steps = torch.arange(block_n, device=device) * step[:, :, None, None, None]
+        # keys s + i * step with i >= S_KV lie past the end (step >= 1)
+        steps = torch.arange(min(block_n, S_KV), device=device) * step[:, :, None, None, None]
         keys = st[..., None] + steps  # [.., NQB, MAXR, block_n]
         keys = torch.where(valid[..., None] & (keys < S_KV), keys, S_KV).flatten(-2)
         runs = torch.zeros(*keys.shape[:-1], S_KV + 1, dtype=torch.bool, device=device)
         runs = runs.scatter_(-1, keys, True)[..., :S_KV].expand(B, H, nqb, S_KV)
-        runs = runs.repeat_interleave(block_m, dim=2)[:, :, :S_Q]
+        runs = runs.index_select(2, row_block)
         mask = mask | torch.gather(runs, 2, q_inv[..., None].expand(B, H, S_Q, S_KV))
     if causal:
         mask = mask & causal_mask(S_Q, S_KV, device)

@@ -64,6 +64,9 @@ def triangle_attention(
     sink = _check_int("sink", sink, 0)
     window = _check_int("window", window, 1)
     last = _check_int("last", last, 0)
+    # Larger values select the same keys (j < S_KV, p - j < S_KV, i < S_Q) and would overflow
+    # the kernels' int32 arguments and the reference's index arithmetic.
+    sink, window, last = min(sink, S_KV), min(window, S_KV), min(last, S_Q)
     which = resolve_impl(impl, q.device, "triangle_attention")
     if which == "reference":
         return triangle_attention_reference(

@@ -6,6 +6,7 @@ import torch
 
 from .._types import AttentionOutput
 from .._validate import (
+    check_bool,
     check_index_range,
     check_index_tensor,
     check_qkv,
@@ -138,6 +139,7 @@ def vertical_slash_attention(
             f"S_KV={S_KV}"
         )
     scale = check_scale(scale, D)
+    check_indices = check_bool(check_indices, "check_indices", _OP)
     which = resolve_impl(impl, q.device, _OP)
     for nm, t, n in (("vertical_indices", vertical_indices, "NV"),
                      ("slash_indices", slash_indices, "NS")):  # fmt: skip

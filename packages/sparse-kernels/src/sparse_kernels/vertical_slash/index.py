@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .._validate import check_bool
+
 _OP = "build_vertical_slash_index"
 SUPPORTED_BLOCKS = (64, 128)
 
@@ -185,11 +187,16 @@ def build_vertical_slash_index(
         for the sizes of the padded range/column tensors, plus the content checks' reads when
         ``check_contents``.
     """
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
-        raise ValueError(f"{_OP}: seq_len: expected a positive int, got {seq_len!r}")
+    # The index holds int32 key blocks and columns.
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 0 < seq_len < 2**31:
+        raise ValueError(f"{_OP}: seq_len: expected an int in [1, 2**31), got {seq_len!r}")
     for nm, bsz in (("block_m", block_m), ("block_n", block_n)):
+        # 64.0 == 64: a float would pass the membership test and fail later inside torch
+        if isinstance(bsz, bool) or not isinstance(bsz, int):
+            raise TypeError(f"{_OP}: {nm}: expected an int in {SUPPORTED_BLOCKS}, got {bsz!r}")
         if bsz not in SUPPORTED_BLOCKS:
             raise NotImplementedError(f"{_OP}: {nm} must be one of {SUPPORTED_BLOCKS}, got {bsz!r}")
+    check_contents = check_bool(check_contents, "check_contents", _OP)
     if not isinstance(vertical_indices, torch.Tensor):
         raise TypeError(
             f"vertical_indices: expected a torch.Tensor, got {type(vertical_indices).__name__}"
@@ -199,13 +206,13 @@ def build_vertical_slash_index(
             f"vertical_indices: expected shape [B, H, NV], got {tuple(vertical_indices.shape)}"
         )
     B, H = vertical_indices.shape[:2]
-    _check_indices(vertical_indices, "vertical_indices", B, H, seq_len, check_contents)
-    _check_indices(slash_indices, "slash_indices", B, H, seq_len, check_contents)
-    if slash_indices.device != vertical_indices.device:
+    if isinstance(slash_indices, torch.Tensor) and slash_indices.device != vertical_indices.device:
         raise ValueError(
             f"{_OP}: vertical_indices and slash_indices must be on one device, got "
             f"{vertical_indices.device} and {slash_indices.device}"
         )
+    _check_indices(vertical_indices, "vertical_indices", B, H, seq_len, check_contents)
+    _check_indices(slash_indices, "slash_indices", B, H, seq_len, check_contents)
     S, BM, BN = seq_len, block_m, block_n
     dev = vertical_indices.device
     N = B * H

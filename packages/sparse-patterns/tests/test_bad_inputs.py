@@ -1,10 +1,20 @@
-"""Hostile PatternConfig input: every case is refused by the loader with a ValueError/TypeError
-that names the field, what it must be and what came."""
+"""Hostile input: PatternConfig JSON and the q/k/v of plan_layer and mminference_attention are
+refused with a ValueError/TypeError that names the field, what it must be and what came."""
 
 import json
 
 import pytest
-from sparse_patterns import Grid, HeadConfig, PatternConfig, TwoDBoundary, VerticalSlash
+import torch
+from sparse_patterns import (
+    AShape,
+    Grid,
+    HeadConfig,
+    PatternConfig,
+    TwoDBoundary,
+    VerticalSlash,
+    mminference_attention,
+    plan_layer,
+)
 
 
 def _cfg() -> PatternConfig:
@@ -147,3 +157,80 @@ def test_constructor_rejects_metadata_list_and_huge_stride():
         PatternConfig("m", 1, 1, ((HeadConfig(Grid()),),), [1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="got an int of about 301 digits"):
         Grid(stride=10**300)
+
+
+# ------------------------------------------------------------------------------------------
+# plan_layer / mminference_attention: the tensors are checked before the estimation
+
+_HEADS = [HeadConfig(AShape(sink=4, window=16)), HeadConfig(VerticalSlash(8, 8, last_q=8))]
+
+
+def _qkv(B=1, H=2, H_KV=1, S=80, D=16, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, S, D, generator=g).to(dtype)
+    k = torch.randn(B, H_KV, S, D, generator=g).to(dtype)
+    return q, k, torch.randn(B, H_KV, S, D, generator=g).to(dtype)
+
+
+_TENSOR_CASES = {
+    "D0": (lambda: _qkv(D=0), ValueError, r"head dim D: expected at least 1, got D=0"),
+    "S0": (lambda: _qkv(S=0), ValueError, r"expected non-empty tensors, got q=\(1, 2, 0, 16\)"),
+    "B0": (lambda: _qkv(B=0), ValueError, r"expected non-empty tensors, got q=\(0, 2, 80, 16\)"),
+    "H%H_KV": (lambda: _qkv(H=3, H_KV=2), ValueError, r"H % H_KV == 0: got H=3 .* H_KV=2"),
+    "D-mismatch": (
+        lambda: (_qkv()[0], *_qkv(D=8)[1:]),
+        ValueError,
+        r"expected k/v head dim 16 .*, got 8",
+    ),
+    "B-mismatch": (
+        lambda: (_qkv(B=2)[0], *_qkv()[1:]),
+        ValueError,
+        r"expected k/v batch 2 .*, got 1",
+    ),
+    "float64": (
+        lambda: _qkv(dtype=torch.float64),
+        TypeError,
+        r"expected dtype float16, .*got torch.float64",
+    ),
+    "k-on-meta": (
+        lambda: (_qkv()[0], _qkv()[1].to("meta"), _qkv()[2]),
+        ValueError,
+        r"one device, got q=cpu, k=meta",
+    ),
+}
+# mminference_attention already refused these two (in the kernel's checks, after the estimation)
+_KERNEL_CAUGHT = {"B-mismatch", "float64"}
+
+
+@pytest.mark.parametrize(
+    "entry, case",
+    [
+        pytest.param(entry, case, id=f"{entry}-{case}")
+        for entry in ("plan_layer", "mminference_attention")
+        for case in _TENSOR_CASES
+        if entry == "plan_layer" or case not in _KERNEL_CAUGHT
+    ],
+)
+def test_layer_tensors_are_checked_before_estimation(entry, case):
+    make, exc, match = _TENSOR_CASES[case]
+    q, k, v = make()
+    heads = _HEADS * (q.shape[1] // 2) + _HEADS[: q.shape[1] % 2]
+    with pytest.raises(exc, match=match):
+        if entry == "plan_layer":
+            plan_layer(q, k, heads)
+        else:
+            mminference_attention(q, k, v, heads, impl="reference")
+
+
+def test_plan_layer_flag_must_be_a_bool():
+    q, k, _ = _qkv()
+    with pytest.raises(TypeError, match=r"exact_vertical_lists: expected a bool, got str"):
+        plan_layer(q, k, _HEADS, exact_vertical_lists="no")
+
+
+def test_block_larger_than_the_sequence_runs_as_one_block():
+    # the reference's element mask is O(S^2) whatever the block size
+    q, k, v = _qkv(S=40)
+    heads = [HeadConfig(AShape(sink=4, window=16, exact=False))] * 2
+    got = mminference_attention(q, k, v, heads, block=2**40, impl="reference")
+    assert got.out.shape == q.shape and torch.isfinite(got.out).all()

@@ -1029,14 +1029,10 @@ def plan_layer(
             ``True`` their lists are the block-rounded set, an upper bound of what they compute
             for ``computed_blocks``; ``row_mask`` gives their exact set either way.
     """
-    from sparse_kernels._validate import check_scale
+    from sparse_kernels._validate import check_bool, check_qkv, check_scale
 
-    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
-        raise TypeError(f"q, k: expected torch.Tensors, got {type(q).__name__}, {type(k).__name__}")
-    if q.ndim != 4 or k.ndim != 4:
-        raise ValueError(
-            f"q, k: expected 4-D [B, H, S, D], got {tuple(q.shape)} and {tuple(k.shape)}"
-        )
+    # k stands in for v: the plan reads q and k only (shapes, dtypes, device, GQA, non-empty)
+    check_qkv(q, k, k)
     B, H, S, D = q.shape
     if k.shape[2] != S:
         raise NotImplementedError(
@@ -1045,6 +1041,7 @@ def plan_layer(
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise ValueError(f"block: expected an int >= 1, got {block!r}")
     scale = check_scale(scale, D)
+    check_bool(exact_vertical_lists, "exact_vertical_lists", "plan_layer")
     cfgs = normalize_head_configs(head_config, H)
     lay = as_token_layout(layout, S, q.device)
     ctx = _Ctx(q, k, lay, block, scale)
@@ -1216,6 +1213,9 @@ def mminference_attention(
     ``impl`` is passed to ``sparse_kernels.permuted_block_sparse_attention`` (``"auto"``:
     Triton on CUDA, the exact PyTorch reference elsewhere).
     """
+    from sparse_kernels._validate import check_qkv
+
+    check_qkv(q, k, v)  # before the estimation, which reads q and k only
     plan = plan_layer(
         q, k, head_config, layout, block=block, scale=scale, exact_vertical_lists=False
     )

@@ -163,17 +163,20 @@ class ModalityLayout:
         """Explicit spans in token order: ``(modality, length)`` or ``(modality, length,
         tokens_per_frame)``. A visual span is one item; its length must be a multiple of
         ``tokens_per_frame`` (default: the whole span is one frame)."""
+        if isinstance(spans, (str, bytes)) or not isinstance(spans, Sequence):
+            raise TypeError(f"spans: expected a sequence of tuples, got {type(spans).__name__}")
         mods, items, pos = [], [], 0
         for sp in spans:
-            if len(sp) not in (2, 3):
+            if not isinstance(sp, (tuple, list)) or len(sp) not in (2, 3):
                 raise ValueError(f"span {sp!r}: expected (modality, length[, tokens_per_frame])")
-            mod, n = Modality(int(sp[0])), int(sp[1])
+            mod = _modality(sp[0], f"span {sp!r}: modality")
+            n = _strict_int(sp[1], f"span {sp!r}: length", 1)
             tpf = sp[2] if len(sp) == 3 else None
-            if n < 1:
-                raise ValueError(f"span {sp!r}: expected a length >= 1, got {n}")
+            if mod == Modality.TEXT and tpf is not None:
+                raise ValueError(f"span {sp!r}: a text span takes no tokens_per_frame, got {tpf!r}")
             if mod != Modality.TEXT:
-                tpf = n if tpf is None else int(tpf)
-                if tpf < 1 or n % tpf:
+                tpf = n if tpf is None else _strict_int(tpf, f"span {sp!r}: tokens_per_frame", 1)
+                if n % tpf:
                     raise ValueError(
                         f"span {sp!r}: length {n} is not a multiple of tokens_per_frame {tpf}"
                     )
@@ -182,6 +185,10 @@ class ModalityLayout:
             pos += n
         if not mods:
             raise ValueError("spans: expected at least one span, got none")
+        try:
+            device = torch.device(device) if device is not None else None
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device: expected a torch device, got {device!r}") from e
         return cls(torch.cat(mods).to(device), tuple(items))
 
     @classmethod
@@ -205,7 +212,13 @@ class ModalityLayout:
         given, must agree (0 text, 1 image, 2 video).
         """
         ids = _one_sequence(input_ids, "input_ids")
-        merge2 = int(spatial_merge_size) ** 2
+        merge = _strict_int(spatial_merge_size, "spatial_merge_size", 1)
+        merge2 = merge**2
+        if image_token_id == video_token_id:
+            raise ValueError(
+                f"image_token_id and video_token_id: expected two different ids, got "
+                f"{image_token_id} for both"
+            )
         mod = torch.zeros_like(ids, dtype=torch.int64)
         mod[ids == image_token_id] = int(Modality.IMAGE)
         mod[ids == video_token_id] = int(Modality.VIDEO)
@@ -215,11 +228,7 @@ class ModalityLayout:
             (Modality.VIDEO, video_grid_thw, "video_grid_thw"),
         ):
             runs = _runs(mod, int(kind))
-            grids = (
-                []
-                if grid is None
-                else [tuple(int(x) for x in g) for g in grid.reshape(-1, 3).tolist()]
-            )
+            grids = [] if grid is None else _grids(grid, name, merge)
             # One item may be split over several runs only if runs are adjacent; Qwen places
             # each item in its own start/end pair, so runs and grids pair up in order.
             sizes = [t * h * w // merge2 for t, h, w in grids]
@@ -265,10 +274,14 @@ class ModalityLayout:
         items = []
         img_runs = _runs(mod, int(Modality.IMAGE))
         if image_tokens is not None:
-            img_runs = _split_runs(img_runs, [int(x) for x in image_tokens], "image_tokens")
+            img_runs = _split_runs(
+                img_runs,
+                [_strict_int(x, "image_tokens[i]", 1) for x in image_tokens],
+                "image_tokens",
+            )
         for start, n in img_runs:
             items.append(VisualItem(Modality.IMAGE, start, n, n, 1))
-        tpf = int(video_tokens_per_frame)
+        tpf = _strict_int(video_tokens_per_frame, "video_tokens_per_frame", 1)
         for start, n in _runs(mod, int(Modality.VIDEO)):
             if tpf < 1 or (n - 1) % tpf or n < tpf + 1:
                 raise ValueError(
@@ -277,6 +290,45 @@ class ModalityLayout:
             items.append(VisualItem(Modality.VIDEO, start, n, tpf, (n - 1) // tpf))
         items.sort(key=lambda it: it.start)
         return cls(mod, tuple(items))
+
+
+def _strict_int(value: object, name: str, lo: int) -> int:
+    """An int (or integer tensor scalar) >= ``lo``; a float or bool would be truncated or
+    taken for 0/1 without a word."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r:.40}")
+    if not lo <= value < 2**62:
+        raise ValueError(f"{name}: expected an int in [{lo}, 2**62), got {value}")
+    return value
+
+
+def _modality(value: object, name: str) -> Modality:
+    allowed = {m.value: m for m in Modality}
+    v = _strict_int(value, name, 0) if not isinstance(value, Modality) else value.value
+    if v not in allowed:
+        raise ValueError(f"{name}: expected one of {sorted(allowed)} (Modality), got {v}")
+    return allowed[v]
+
+
+def _grids(grid: object, name: str, merge: int) -> list[tuple[int, int, int]]:
+    """``[N, 3]`` integer ``(t, h, w)`` rows, each positive with ``h, w`` divisible by the
+    spatial merge (the processor pools ``merge x merge`` patches into one token)."""
+    if not isinstance(grid, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor [N, 3], got {type(grid).__name__}")
+    if grid.is_floating_point() or grid.is_complex() or grid.dtype == torch.bool:
+        raise TypeError(f"{name}: expected an integer tensor, got {grid.dtype}")
+    if grid.ndim not in (1, 2) or grid.shape[-1] != 3:
+        raise ValueError(f"{name}: expected shape [N, 3] (t, h, w), got {tuple(grid.shape)}")
+    rows = [tuple(int(x) for x in g) for g in grid.reshape(-1, 3).tolist()]
+    for i, (t, h, w) in enumerate(rows):
+        if min(t, h, w) < 1 or h % merge or w % merge:
+            raise ValueError(
+                f"{name}[{i}]: expected positive (t, h, w) with h and w multiples of "
+                f"spatial_merge_size={merge}, got {(t, h, w)}"
+            )
+    return rows
 
 
 def _one_sequence(x: torch.Tensor, name: str) -> torch.Tensor:

@@ -42,13 +42,21 @@ class LayerPolicy:
     last_row_only: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.kinds, str) or not isinstance(self.kinds, (tuple, list)):
+            raise TypeError(
+                f"kinds: expected a tuple or list of kind names, got {type(self.kinds).__name__}"
+            )
         if not isinstance(self.kinds, tuple):
             object.__setattr__(self, "kinds", tuple(self.kinds))
         if not self.kinds:
             raise ValueError("kinds: expected one kind per layer, got none")
-        bad = [k for k in self.kinds if k not in KINDS]
+        bad = [k for k in self.kinds if not isinstance(k, str) or k not in KINDS]
         if bad:
-            raise ValueError(f"kinds: expected each of {KINDS}, got {sorted(set(bad))}")
+            raise ValueError(f"kinds: expected each of {KINDS}, got {bad[:5]!r}")
+        if not isinstance(self.last_row_only, bool):
+            raise TypeError(
+                f"last_row_only: expected a bool, got {type(self.last_row_only).__name__}"
+            )
         for name, lo in (("sink", 0), ("window", 1), ("last", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -65,6 +73,8 @@ class LayerPolicy:
     ) -> LayerPolicy:
         """TriangleMix: ``shallow`` ("dense" or "dynamic") below ``start_layer``, triangle from it."""
         n = _n(num_layers)
+        if isinstance(start_layer, bool) or not isinstance(start_layer, int):
+            raise TypeError(f"start_layer: expected an int, got {type(start_layer).__name__}")
         if not 0 <= start_layer <= n:
             raise ValueError(f"start_layer: expected 0..{n}, got {start_layer}")
         if shallow not in ("dense", "dynamic"):
@@ -101,10 +111,16 @@ class LayerPolicy:
 
     @classmethod
     def from_json(cls, text: str) -> LayerPolicy:
+        if not isinstance(text, str):
+            raise TypeError(f"LayerPolicy JSON: expected a str, got {type(text).__name__}")
         try:
             d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"LayerPolicy JSON: not valid JSON ({e})") from None
+        except (ValueError, RecursionError) as e:
+            # ValueError: bad JSON or an integer past Python's digit limit; RecursionError:
+            # nesting deeper than the interpreter's stack
+            raise ValueError(
+                f"LayerPolicy JSON: not valid JSON ({type(e).__name__}: {e})"
+            ) from None
         if not isinstance(d, dict) or d.get("version") != POLICY_VERSION:
             got = d.get("version") if isinstance(d, dict) else type(d).__name__
             raise ValueError(f"LayerPolicy JSON: expected version {POLICY_VERSION}, got {got!r}")
@@ -113,10 +129,19 @@ class LayerPolicy:
         extra = set(d) - allowed
         if extra:
             raise ValueError(f"LayerPolicy JSON: unknown fields {sorted(extra)}")
-        return cls(**{**d, "kinds": tuple(d.get("kinds", ()))})
+        kinds = d.get("kinds", [])
+        if not isinstance(kinds, list):
+            raise TypeError(f"LayerPolicy JSON: kinds: expected a list, got {type(kinds).__name__}")
+        return cls(**{**d, "kinds": tuple(kinds)})
+
+
+# Far above any model's depth; a larger count would only exhaust memory building the tuple.
+MAX_LAYERS = 2**16
 
 
 def _n(num_layers: int) -> int:
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers: expected an int >= 1, got {num_layers!r}")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int):
+        raise ValueError(f"num_layers: expected an int in [1, {MAX_LAYERS}], got {num_layers!r}")
+    if not 1 <= num_layers <= MAX_LAYERS:
+        raise ValueError(f"num_layers: expected an int in [1, {MAX_LAYERS}], got {num_layers}")
     return num_layers

@@ -43,6 +43,11 @@ class SpavaConfig:
                 raise TypeError(f"{name}: expected an int or None, got {type(val).__name__}")
             if val < 0:
                 raise ValueError(f"{name}: expected >= 0, got {val}")
+        for name in ("zigzag", "fused_query", "overlap_comm", "frame_parallel_vision"):
+            val = getattr(self, name)
+            # "no" or 0 would be taken for their truth value and switch the layout silently
+            if not isinstance(val, bool):
+                raise TypeError(f"{name}: expected a bool, got {type(val).__name__} {val!r:.40}")
 
     @property
     def num_virtual(self) -> int:
@@ -53,6 +58,11 @@ class SpavaConfig:
         l_a = seq_len // 64 if self.anchor_len is None else self.anchor_len
         l_p = seq_len // 128 if self.passing_len is None else self.passing_len
         return l_a, l_p
+
+
+def _check_config(config: object) -> None:
+    if not isinstance(config, SpavaConfig):
+        raise TypeError(f"config: expected a SpavaConfig, got {type(config).__name__}")
 
 
 def star_config(num_hosts: int, *, anchor_len: int | None = None) -> SpavaConfig:
@@ -74,6 +84,7 @@ def apb_config(
 
 def resolve_apb(config: SpavaConfig, seq_len: int) -> SpavaConfig:
     """Fix APB's default ``l_p = n // 64`` for a given length."""
+    _check_config(config)
     if config.passing_len is not None:
         return config
     return SpavaConfig(

@@ -22,15 +22,20 @@ from .config import SpavaConfig
 
 def even_split(total: int, parts: int) -> list[int]:
     """``parts`` lengths summing to ``total``; the first ``total % parts`` are one longer."""
+    for name, val, lo in (("total", total, 0), ("parts", parts, 1)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < lo:
+            raise ValueError(f"{name}: expected an int >= {lo}, got {val!r}")
     base, extra = divmod(total, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 def split_frames(num_frames: int, num_hosts: int) -> list[range]:
     """Eq. 6: host ``h`` encodes ``F // H + [h < F % H]`` consecutive frames."""
-    if num_frames < 0 or num_hosts < 1:
+    ok = all(not isinstance(x, bool) and isinstance(x, int) for x in (num_frames, num_hosts))
+    if not ok or num_frames < 0 or num_hosts < 1:
         raise ValueError(
-            f"expected num_frames >= 0 and num_hosts >= 1, got {num_frames} and {num_hosts}"
+            f"expected ints num_frames >= 0 and num_hosts >= 1, got {num_frames!r} and "
+            f"{num_hosts!r}"
         )
     out, start = [], 0
     for n in even_split(num_frames, num_hosts):
@@ -149,6 +154,8 @@ def build_layout(seq_len: int, *, query_len: int, config: SpavaConfig) -> SpavaL
             raise TypeError(f"{name}: expected an int, got {type(val).__name__}")
     if query_len < 0 or query_len >= seq_len:
         raise ValueError(f"query_len: expected 0 <= query_len < seq_len={seq_len}, got {query_len}")
+    if not isinstance(config, SpavaConfig):
+        raise TypeError(f"config: expected a SpavaConfig, got {type(config).__name__}")
     l_a, l_p = config.resolved(seq_len)
     V = config.num_virtual
     ctx = seq_len - query_len - l_a

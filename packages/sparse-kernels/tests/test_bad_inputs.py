@@ -529,3 +529,12 @@ def test_line_folds_period_past_the_sequence(impl):
     q_rows, k = torch.randn(1, 2, 8, 16, device=DEV), torch.randn(1, 1, 80, 16, device=DEV)
     with pytest.raises(ValueError, match=r"period: expected >= 1 and at most S=80, got 10{12}"):
         line_folds(q_rows, k, 72, period=10**12, lo=0, hi=80, impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_grid_permutation_length_fits_int32(impl):
+    # the reference would otherwise build 2**31-entry int64 tables before the int32 cast
+    with pytest.raises(
+        ValueError, match=r"S: expected an int in \[1, 2\*\*31\) .*, got 2147483648"
+    ):
+        grid_permutation(2**31, 7, impl=impl)

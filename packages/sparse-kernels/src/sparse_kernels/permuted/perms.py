@@ -94,8 +94,8 @@ def grid_permutation(
     """
     if isinstance(S, bool) or not isinstance(S, int):
         raise TypeError(f"S: expected an int, got {type(S).__name__}")
-    if S < 1:
-        raise ValueError(f"S: expected an int >= 1, got {S}")
+    if not 1 <= S < 2**31:  # the permutation and its inverse are int32
+        raise ValueError(f"S: expected an int in [1, 2**31) (int32 positions), got {S}")
     if device is None:
         for x in (stride, phase):
             if isinstance(x, torch.Tensor):

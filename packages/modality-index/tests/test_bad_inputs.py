@@ -62,3 +62,10 @@ def test_from_llava_tokens_per_frame_must_be_an_int():
         ModalityLayout.from_llava_onevision(
             ids, image_token_id=5, video_token_id=6, video_tokens_per_frame=2.5
         )
+
+
+@pytest.mark.parametrize("dim", [5, -3])
+def test_permute_dim_out_of_range(dim):
+    layout = ModalityLayout.from_spans([(0, 4)])
+    with pytest.raises(ValueError, match=rf"dim: expected a dim of x in \[-2, 2\), got {dim}"):
+        layout.permute(torch.zeros(4, 2), dim=dim)

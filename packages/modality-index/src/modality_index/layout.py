@@ -147,6 +147,13 @@ class ModalityLayout:
         return x.index_select(dim, self.inv_perm.to(x.device))
 
     def _check_dim(self, x: torch.Tensor, dim: int) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+        if not -x.ndim <= dim < x.ndim:
+            raise ValueError(
+                f"dim: expected a dim of x in [{-x.ndim}, {x.ndim}), got {dim} "
+                f"(x shape {tuple(x.shape)})"
+            )
         if x.shape[dim] != self.seq_len:
             raise ValueError(
                 f"expected {self.seq_len} tokens along dim {dim}, got shape {tuple(x.shape)}"

@@ -2,6 +2,7 @@
 what it must be and what came; a flag is never taken for its truth value."""
 
 import pytest
+import torch
 from seqpar_approx import SpavaConfig, build_layout, even_split, resolve_apb, split_frames
 
 
@@ -29,3 +30,9 @@ def test_config_flags_must_be_bools(flag, value):
 def test_layouts(make, exc, match):
     with pytest.raises(exc, match=match):
         make()
+
+
+def test_shard_dim_out_of_range():
+    layout = build_layout(100, query_len=10, config=SpavaConfig(num_hosts=2))
+    with pytest.raises(ValueError, match=r"shard: expected a dim of x in \[-2, 2\), got 7"):
+        layout.shard(torch.zeros(100, 2), 0, dim=7)

@@ -112,6 +112,11 @@ class SpavaLayout:
 
     def shard(self, x: torch.Tensor, h: int, *, dim: int) -> torch.Tensor:
         """Host ``h``'s local rows of a full-sequence tensor (``x.shape[dim] == seq_len``)."""
+        if not -x.ndim <= dim < x.ndim:
+            raise ValueError(
+                f"shard: expected a dim of x in [{-x.ndim}, {x.ndim}), got {dim} "
+                f"(x shape {tuple(x.shape)})"
+            )
         if x.shape[dim] != self.seq_len:
             raise ValueError(
                 f"shard: expected size {self.seq_len} at dim {dim}, got {tuple(x.shape)}"

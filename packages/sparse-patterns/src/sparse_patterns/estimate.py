@@ -93,7 +93,7 @@ def last_line_scores(
     picks triton on CUDA when ``L' <= 128`` and the reference otherwise (same sums either way).
     """
     from sparse_kernels import line_scores
-    from sparse_kernels._validate import resolve_impl
+    from sparse_kernels.validation import resolve_impl
 
     S = q.shape[2]
     n = min(L, S)
@@ -123,7 +123,7 @@ def last_line_folds(
     S]`` vectors; needs ``L' = min(L, S) <= 128``), ``"reference"`` (:func:`last_line_scores`' torch steps, then
     folded), ``"auto"`` (triton on CUDA when ``L' <= 128``; the same sums either way)."""
     from sparse_kernels import line_folds
-    from sparse_kernels._validate import resolve_impl
+    from sparse_kernels.validation import resolve_impl
 
     S = q.shape[2]
     n = min(L, S)

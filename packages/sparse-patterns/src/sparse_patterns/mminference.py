@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 import torch
 from sparse_kernels import AttentionOutput
-from sparse_kernels._validate import TRITON_MAX_HEAD_DIM
 from sparse_kernels.estimate.search import stride_vector
 from sparse_kernels.estimate.triton import _fold_partials, _search_partials
 from sparse_kernels.permuted import grid_permutation
@@ -27,6 +26,7 @@ from sparse_kernels.permuted.lists_triton import (
     launch_grid_lists,
 )
 from sparse_kernels.permuted.perms import grid_line_offsets, host_ints
+from sparse_kernels.validation import TRITON_MAX_HEAD_DIM
 
 from . import estimate as E
 from ._device import heads_index, to_device
@@ -1029,7 +1029,7 @@ def plan_layer(
             ``True`` their lists are the block-rounded set, an upper bound of what they compute
             for ``computed_blocks``; ``row_mask`` gives their exact set either way.
     """
-    from sparse_kernels._validate import check_bool, check_qkv, check_scale
+    from sparse_kernels.validation import check_bool, check_qkv, check_scale
 
     # k stands in for v: the plan reads q and k only (shapes, dtypes, device, GQA, non-empty)
     check_qkv(q, k, k)
@@ -1213,7 +1213,7 @@ def mminference_attention(
     ``impl`` is passed to ``sparse_kernels.permuted_block_sparse_attention`` (``"auto"``:
     Triton on CUDA, the exact PyTorch reference elsewhere).
     """
-    from sparse_kernels._validate import check_qkv
+    from sparse_kernels.validation import check_qkv
 
     check_qkv(q, k, v)  # before the estimation, which reads q and k only
     plan = plan_layer(
@@ -1231,7 +1231,7 @@ def estimate_vertical_slash(
     ascending (key columns; diagonal offsets ``i - j``), ``NV = min(n_vertical, S)``,
     ``NS = min(n_slash, S)``: the inputs of ``sparse_kernels.vertical_slash_attention``.
     """
-    from sparse_kernels._validate import check_scale
+    from sparse_kernels.validation import check_scale
 
     if not isinstance(pattern, VerticalSlash):
         raise TypeError(f"pattern: expected a VerticalSlash, got {type(pattern).__name__}")

@@ -824,8 +824,8 @@ def grid_candidate_lists(
     range), ``kmin [N, NKB]``/``qmax [N, NQB]`` (smallest original key of a key block, largest
     original row of a query block), and the widths ``wv >= max(v_hi) + 1``,
     ``ws >= max(s_hi - s_lo + 1)`` (the lists' width is ``wv + ws + 1``)."""
-    from sparse_kernels._validate import resolve_impl
     from sparse_kernels.permuted.lists_triton import GRID_LISTS_MAX_WIDTH, launch_grid_lists
+    from sparse_kernels.validation import resolve_impl
 
     N = s_lo.shape[0]
     dev = s_lo.device

@@ -214,25 +214,16 @@ def test_bad_impl_and_scale():
 
 
 @pytest.mark.gpu
-def test_every_autotune_config_is_correct():
-    # Autotuning may pick any config of the list: each one must compute the same function.
-    import triton
-    from sparse_kernels.attention.triton import _GPU_CONFIGS, _attn_fwd_kernel
+def test_every_candidate_config_is_correct():
+    # A tuned table may name any candidate: each one must compute the same function.
+    from sparse_kernels.attention.triton import SPEC, _launch_attention_fwd
 
     q, k, v = make_qkv(1, 8, 2, 1000, 1000, 128, dtype=torch.bfloat16, device=DEV, seed=7)
     gold = attention_reference(q, k, v, compute_dtype=torch.float64)
     low = attention_reference(q, k, v, compute_dtype=q.dtype)
-    for cfg in [dict(c) for c in _GPU_CONFIGS]:
-        w, st = cfg.pop("num_warps"), cfg.pop("num_stages")
-        out = poison_(torch.empty_like(q))
-        lse = torch.empty(1, 8, 1000, device=DEV)
-        grid = (triton.cdiv(1000, cfg["BLOCK_M"]), 8)
-        _attn_fwd_kernel.fn[grid](
-            q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            8, 4, 1000, 1000, 128**-0.5, 0, D=128, BLOCK_D=128, IS_CAUSAL=True, IEEE=False,
-            num_warps=w, num_stages=st, **cfg,
-        )  # fmt: skip
-        assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=f"{cfg} w{w} s{st}")
+    for cfg in SPEC.candidates:
+        out, _ = _launch_attention_fwd(q, k, v, causal=True, scale=128**-0.5, config=cfg)
+        assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))
 
 
 @pytest.mark.parametrize("op", ["attention", "triangle"])

@@ -12,26 +12,27 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import bench_config, block_d, configs, prune_fp32, seq_bucket
+from .._triton.config import FP32_CONFIG, block_d
 from .._triton.inner import _attn_tile_inner, _finish_rows
 from .._validate import check_int32_key_offsets
+from ..tuning import KernelSpec, LaunchConfig, choose_config
 
-_GPU_CONFIGS = [
-    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-]
-_INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
-
-
-@triton.autotune(
-    configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
-    key=["D", "IS_CAUSAL", "IEEE", "SEQ_BUCKET"],
-    do_bench=bench_config,
-    prune_configs_by={"early_config_prune": prune_fp32},
+# Launch configs: looked up per GPU, shape and length in the tuned tables (sparse_kernels.tuning);
+# a tuning run times these candidates.
+SPEC = KernelSpec(
+    name="attention",
+    candidates=(
+        LaunchConfig.of(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+        LaunchConfig.of(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+        LaunchConfig.of(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+        LaunchConfig.of(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+        LaunchConfig.of(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    ),
+    interpreter=LaunchConfig.of(BLOCK_M=64, BLOCK_N=32),
+    fp32=LaunchConfig.of(**FP32_CONFIG, num_warps=4, num_stages=1),
 )
+
+
 @triton.jit
 def _attn_fwd_kernel(
     q_ptr,
@@ -60,7 +61,6 @@ def _attn_fwd_kernel(
     S_Q,
     S_KV,
     sm_scale,
-    SEQ_BUCKET,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
@@ -138,21 +138,31 @@ def _attn_fwd_kernel(
 
 
 def _launch_attention_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    config: LaunchConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
+    the tuner run each candidate)."""
     check_int32_key_offsets(k, v, "attention")
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
+    if config is None:
+        config = choose_config(
+            SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S_KV,
+            variant="causal" if causal else "full",
+        )  # fmt: skip
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
-
-    def grid(meta):
-        return (triton.cdiv(S_Q, meta["BLOCK_M"]), B * H)
-
-    _attn_fwd_kernel[grid](
+    _attn_fwd_kernel[(triton.cdiv(S_Q, config["BLOCK_M"]), B * H)](
         q, k, v, out, lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, H // H_KV, S_Q, S_KV, scale, seq_bucket(S_KV),
+        H, H // H_KV, S_Q, S_KV, scale,
         D=D, BLOCK_D=block_d(D), IS_CAUSAL=bool(causal), IEEE=q.dtype == torch.float32,
+        **config.launch_kwargs(),
     )  # fmt: skip
     return out, lse

@@ -1,0 +1,184 @@
+"""Which launch config a kernel call uses: looked up, never timed at run time.
+
+Order, for a 16-bit call on a GPU (fp32 and the interpreter have their own fixed configs):
+
+1. the user's tuning cache (:func:`~sparse_kernels.tuning.table.user_table_path`), exact key;
+2. the table shipped for the GPU family, exact key;
+3. the nearest entry of either with the same op and head dim whose tiles fit the call: same
+   variant first, then same dtype, then the closest length bucket, then the closest GQA group;
+4. the kernel's safe config (:meth:`KernelSpec.safe`), with a one-line hint, once per process
+   and (GPU family, op, head dim), naming the tuning command.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+import torch
+
+from .._validate import interpreter_enabled
+from .configs import KernelSpec, LaunchConfig
+from .table import ConfigTable, TableEntry, length_bucket, shipped_table_path, user_table_path
+
+log = logging.getLogger("sparse_kernels.tuning")
+
+TUNE_COMMAND = "python -m sparse_kernels tune"
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_MAX_MEMO = 4096
+
+
+def gpu_family(device: torch.device | int | None = None) -> str:
+    """Short lower-case name of a CUDA device's model, the key of the tables: ``"h100"`` for
+    "NVIDIA H100 80GB HBM3", ``"h200"`` for "NVIDIA H200"; an unrecognised name is kept whole,
+    lower-cased, with runs of other characters as ``-``."""
+    name = torch.cuda.get_device_name(device)
+    return family_of(name)
+
+
+def family_of(name: str) -> str:
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name)
+    if m:
+        return m.group(1).lower()
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A looked-up config and where it came from: ``"user"``, ``"shipped"``, ``"nearest"``,
+    ``"safe"``, ``"fp32"`` or ``"interpreter"``; ``entry`` is the table entry used, if any."""
+
+    config: LaunchConfig
+    source: str
+    entry: TableEntry | None = None
+
+
+class ConfigChooser:
+    """Loads the tables lazily (one family at a time, on its first lookup) and remembers each
+    answer, so a launch pays one dict lookup. :meth:`reload` forgets both (after a tuning run
+    wrote the user cache)."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, tuple[TableEntry, ...]] = {}
+        self._user: dict[str, dict[tuple, TableEntry]] = {}
+        self._memo: dict[tuple, Choice] = {}
+        self._hinted: set[tuple] = set()
+
+    def reload(self) -> None:
+        self._tables.clear()
+        self._user.clear()
+        self._memo.clear()
+
+    def _load(self, family: str) -> None:
+        user: tuple[TableEntry, ...] = ()
+        path = user_table_path(family)
+        if path.is_file():
+            user = ConfigTable.load(path).entries
+        shipped: tuple[TableEntry, ...] = ()
+        path = shipped_table_path(family)
+        if path.is_file():
+            shipped = ConfigTable.load(path).entries
+        self._user[family] = {e.key: e for e in user}
+        self._tables[family] = user + shipped
+
+    def choose(
+        self,
+        spec: KernelSpec,
+        *,
+        device: torch.device,
+        head_dim: int,
+        dtype: torch.dtype,
+        group: int,
+        seq_len: int,
+        variant: str = "",
+        blocks: tuple[int, ...] = (),
+    ) -> Choice:
+        """The config for one call (see the module docstring)."""
+        if interpreter_enabled() or device.type != "cuda":
+            return Choice(spec.interpreter, "interpreter")
+        if dtype == torch.float32 and spec.fp32 is not None:
+            return Choice(spec.fp32, "fp32")
+        memo_key = (spec.name, device.index, variant, head_dim, dtype, group,
+                    length_bucket(seq_len), blocks)  # fmt: skip
+        got = self._memo.get(memo_key)
+        if got is None:
+            got = self.lookup(
+                spec, family=gpu_family(device), head_dim=head_dim, dtype=dtype, group=group,
+                seq_len=seq_len, variant=variant, blocks=blocks,
+            )  # fmt: skip
+            if len(self._memo) >= _MAX_MEMO:
+                self._memo.clear()
+            self._memo[memo_key] = got
+        return got
+
+    def lookup(
+        self,
+        spec: KernelSpec,
+        *,
+        family: str,
+        head_dim: int,
+        dtype: torch.dtype,
+        group: int,
+        seq_len: int,
+        variant: str = "",
+        blocks: tuple[int, ...] = (),
+    ) -> Choice:
+        """Steps 1-4 of the module docstring for a GPU family (no memo, no device needed)."""
+        if family not in self._tables:
+            self._load(family)
+        dname = _DTYPE_NAMES[dtype]
+        bucket = length_bucket(seq_len)
+        key = (spec.name, variant, head_dim, dname, group, bucket)
+        exact = self._user[family].get(key)
+        if exact is not None and spec.fits(exact.config, blocks):
+            return Choice(exact.config, "user", exact)
+        usable = [
+            e
+            for e in self._tables[family]
+            if e.op == spec.name and e.head_dim == head_dim and spec.fits(e.config, blocks)
+        ]
+        for e in usable:
+            if e.key == key:
+                return Choice(e.config, "shipped", e)
+        if usable:
+            best = min(
+                usable,
+                key=lambda e: (
+                    e.variant != variant,
+                    e.dtype != dname,
+                    abs(e.bucket - bucket),
+                    abs(e.group - group),
+                ),
+            )
+            return Choice(best.config, "nearest", best)
+        hint = (family, spec.name, head_dim)
+        if hint not in self._hinted:
+            self._hinted.add(hint)
+            log.warning(
+                "sparse_kernels: no tuned %s config for GPU family %r with head dim %d; using a "
+                "safe one. `%s` (or `vlm-accel tune`) tunes it for this GPU.",
+                spec.name, family, head_dim, TUNE_COMMAND,
+            )  # fmt: skip
+        return Choice(spec.safe(blocks), "safe")
+
+
+CHOOSER = ConfigChooser()
+
+
+def choose_config(
+    spec: KernelSpec,
+    *,
+    device: torch.device,
+    head_dim: int,
+    dtype: torch.dtype,
+    group: int,
+    seq_len: int,
+    variant: str = "",
+    blocks: tuple[int, ...] = (),
+) -> LaunchConfig:
+    """The launch config of one kernel call (see the module docstring)."""
+    return CHOOSER.choose(
+        spec, device=device, head_dim=head_dim, dtype=dtype, group=group, seq_len=seq_len,
+        variant=variant, blocks=blocks,
+    ).config  # fmt: skip

@@ -253,3 +253,64 @@ def test_gpu_matches_flex_attention():
     res = block_sparse_attention(q, k, v, bm, causal=True, impl="triton")
     gold = block_sparse_attention_reference(q, k, v, bm, compute_dtype=torch.float64)
     assert_close_budget(res.out, ref, gold.out, dtype=torch.bfloat16, name="out vs flex")
+
+
+def _launch_lists(bm):
+    return (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)
+
+
+def test_launch_config_tiles_must_divide_the_mask_blocks():
+    # A tuned table entry for 128-blocks must not run on a 64-block mask: 64 // 128 programs per
+    # query block would leave rows unwritten. Refused before any allocation.
+    from sparse_kernels.block_sparse.triton import _launch_block_sparse_fwd
+    from sparse_kernels.tuning import LaunchConfig
+
+    q, k, v = make_qkv(1, 2, 1, 128, 128, 64, dtype=torch.float16, device="meta", seed=0)
+    bm, _ = random_block_mask(1, 1, 128, 128, 64, 64, device="cpu")
+    too_big = LaunchConfig.of(TILE_M=128, TILE_N=64, num_warps=8, num_stages=3)
+    with pytest.raises(ValueError, match=r"tiles must divide the mask blocks \(64, 64\), got"):
+        _launch_block_sparse_fwd(
+            q, k, v, *_launch_lists(bm), block_m=64, block_n=64, causal=True, scale=0.125,
+            config=too_big,
+        )  # fmt: skip
+
+
+def test_explicit_launch_config_runs():
+    # The launcher's config= path (what the tuner and the GPU sweep use), on a 128x128 mask with
+    # 64x64 tiles: two programs per query block, two sub-tiles per key block.
+    from sparse_kernels.block_sparse.triton import _launch_block_sparse_fwd
+    from sparse_kernels.tuning import LaunchConfig
+
+    S = 300
+    q, k, v = make_qkv(1, 2, 1, S, S, 64, dtype=torch.float32, device=DEV, seed=4)
+    bm, _ = random_block_mask(1, 2, S, S, 128, 128, density=0.6, seed=4)
+    cfg = LaunchConfig.of(TILE_M=64, TILE_N=64, num_warps=4, num_stages=1)
+    out, lse = _launch_block_sparse_fwd(
+        q, k, v, *_launch_lists(bm), block_m=128, block_n=128, causal=True, scale=64**-0.5,
+        config=cfg,
+    )  # fmt: skip
+    gold = block_sparse_attention_reference(q, k, v, bm, compute_dtype=torch.float64)
+    low = block_sparse_attention_reference(q, k, v, bm, compute_dtype=q.dtype)
+    assert_close_budget(out, low.out, gold.out, name="out")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("BM,BN", [(128, 128), (128, 64), (64, 64)], ids=str)
+def test_every_candidate_config_is_correct(BM, BN):
+    # A tuned table may name any candidate that fits the mask: each one must compute the same
+    # function.
+    from sparse_kernels.block_sparse.triton import SPEC, _launch_block_sparse_fwd
+
+    S = 1000
+    q, k, v = make_qkv(1, 8, 2, S, S, 128, dtype=torch.bfloat16, device=DEV, seed=7)
+    bm, _ = random_block_mask(1, 8, S, S, BM, BN, density=0.4, seed=7)
+    gold = block_sparse_attention_reference(q, k, v, bm, compute_dtype=torch.float64)
+    low = block_sparse_attention_reference(q, k, v, bm, compute_dtype=q.dtype)
+    fitting = SPEC.fitting((BM, BN))
+    assert fitting, f"no candidate fits blocks {(BM, BN)}"
+    for cfg in fitting:
+        out, _ = _launch_block_sparse_fwd(
+            q, k, v, *_launch_lists(bm), block_m=BM, block_n=BN, causal=True,
+            scale=128**-0.5, config=cfg,
+        )  # fmt: skip
+        assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))

@@ -14,40 +14,36 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import (
-    autotune_off,
-    bench_config,
-    block_d,
-    configs,
-    on_interpreter,
-    seq_bucket,
-    smallest,
-)
+from .._triton.config import block_d
 from .._triton.inner import _finish_rows
-
-_GPU_CONFIGS = [
-    dict(TILE_M=128, TILE_N=128, num_warps=8, num_stages=3),
-    dict(TILE_M=128, TILE_N=64, num_warps=8, num_stages=3),
-    dict(TILE_M=128, TILE_N=64, num_warps=4, num_stages=3),
-    dict(TILE_M=128, TILE_N=128, num_warps=8, num_stages=2),
-    dict(TILE_M=64, TILE_N=64, num_warps=4, num_stages=3),
-    dict(TILE_M=64, TILE_N=128, num_warps=4, num_stages=2),
-]
-_INTERP_CONFIG = dict(TILE_M=64, TILE_N=64)
-_FP32_CONFIG = dict(TILE_M=64, TILE_N=64)
+from ..tuning import KernelSpec, LaunchConfig, choose_config
 
 
-def _prune(configs_, named_args, **kwargs):
-    """Tiles must divide the mask's blocks; fp32 (exact dots) gets one small tile."""
-    args = {**named_args, **kwargs}
-    bm, bn = args["MASK_BM"], args["MASK_BN"]
-    if on_interpreter():
-        return configs_
-    if named_args["q_ptr"].dtype == torch.float32:
-        return [triton.Config(dict(_FP32_CONFIG), num_warps=4, num_stages=1)]
-    keep = [c for c in configs_ if c.kwargs["TILE_M"] <= bm and c.kwargs["TILE_N"] <= bn]
-    keep = keep or [triton.Config(dict(_FP32_CONFIG), num_warps=4, num_stages=2)]
-    return [smallest(keep)] if autotune_off() else keep
+def _tiles_divide_blocks(config: LaunchConfig, blocks: tuple[int, ...]) -> bool:
+    """A program covers TILE_M rows of one mask block and walks its listed key blocks in TILE_N
+    sub-tiles: both tiles must divide the mask's blocks (64 or 128)."""
+    bm, bn = blocks
+    return bm % config["TILE_M"] == 0 and bn % config["TILE_N"] == 0
+
+
+# Launch configs: looked up per GPU, shape and length in the tuned tables (sparse_kernels.tuning);
+# a tuning run times the candidates that fit the mask's blocks.
+SPEC = KernelSpec(
+    name="block_sparse",
+    candidates=(
+        LaunchConfig.of(TILE_M=128, TILE_N=128, num_warps=8, num_stages=3),
+        LaunchConfig.of(TILE_M=128, TILE_N=64, num_warps=8, num_stages=3),
+        LaunchConfig.of(TILE_M=128, TILE_N=64, num_warps=4, num_stages=3),
+        LaunchConfig.of(TILE_M=128, TILE_N=128, num_warps=8, num_stages=2),
+        LaunchConfig.of(TILE_M=64, TILE_N=64, num_warps=4, num_stages=3),
+        LaunchConfig.of(TILE_M=64, TILE_N=128, num_warps=4, num_stages=2),
+    ),
+    interpreter=LaunchConfig.of(TILE_M=64, TILE_N=64),
+    # fp32 operands take exact (ieee) dots: one small tile; 64 divides every mask block.
+    fp32=LaunchConfig.of(TILE_M=64, TILE_N=64, num_warps=4, num_stages=1),
+    fits=_tiles_divide_blocks,
+    fallback=lambda blocks: LaunchConfig.of(TILE_M=64, TILE_N=64, num_warps=4, num_stages=2),
+)
 
 
 @triton.jit
@@ -103,12 +99,6 @@ def _walk_list(
     return acc, l_i, m_i
 
 
-@triton.autotune(
-    configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
-    key=["D", "IS_CAUSAL", "IEEE", "MASK_BM", "MASK_BN", "HAS_FULL", "SEQ_BUCKET"],
-    do_bench=bench_config,
-    prune_configs_by={"early_config_prune": _prune},
-)
 @triton.jit
 def _block_sparse_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
@@ -121,7 +111,7 @@ def _block_sparse_fwd_kernel(
     stride_i_b, stride_i_h, stride_i_m,
     stride_fn_b, stride_fn_h, stride_fn_m,
     stride_fi_b, stride_fi_h, stride_fi_m,
-    H, GROUP, S_Q, S_KV, sm_scale, SEQ_BUCKET,
+    H, GROUP, S_Q, S_KV, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     HAS_FULL: tl.constexpr, MASK_BM: tl.constexpr, MASK_BN: tl.constexpr,
     TILE_M: tl.constexpr, TILE_N: tl.constexpr,
@@ -208,9 +198,23 @@ def _launch_block_sparse_fwd(
     block_n: int,
     causal: bool,
     scale: float,
+    config: LaunchConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
+    the tuner run each candidate); its tiles must divide ``(block_m, block_n)``."""
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
+    blocks = (block_m, block_n)
+    if config is None:
+        config = choose_config(
+            SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S_KV,
+            variant="causal" if causal else "full", blocks=blocks,
+        )  # fmt: skip
+    elif not _tiles_divide_blocks(config, blocks):
+        raise ValueError(
+            f"block_sparse_attention: launch config tiles must divide the mask blocks {blocks}, "
+            f"got {config}"
+        )
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
     has_full = full_kv_num_blocks is not None
@@ -220,18 +224,14 @@ def _launch_block_sparse_fwd(
     else:
         full_kv_num_blocks, full_kv_indices = kv_num_blocks, kv_indices
     nqb = -(-S_Q // block_m)
-
-    def grid(meta):
-        return (nqb * (block_m // meta["TILE_M"]), B * H)
-
-    _block_sparse_fwd_kernel[grid](
+    _block_sparse_fwd_kernel[(nqb * (block_m // config["TILE_M"]), B * H)](
         q, k, v, out, lse,
         kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *_bcast_strides(kv_num_blocks, 3), *_bcast_strides(kv_indices, 3),
         *_bcast_strides(full_kv_num_blocks, 3), *_bcast_strides(full_kv_indices, 3),
-        H, H // H_KV, S_Q, S_KV, scale, seq_bucket(S_KV),
+        H, H // H_KV, S_Q, S_KV, scale,
         D=D, BLOCK_D=block_d(D), IS_CAUSAL=bool(causal), IEEE=q.dtype == torch.float32,
-        HAS_FULL=has_full, MASK_BM=block_m, MASK_BN=block_n,
+        HAS_FULL=has_full, MASK_BM=block_m, MASK_BN=block_n, **config.launch_kwargs(),
     )  # fmt: skip
     return out, lse

@@ -4,6 +4,14 @@ from importlib import metadata as _metadata
 
 from .baselines import dense_attention, zigzag_ring_attention
 from .config import SpavaConfig, apb_config, resolve_apb, star_config
+from .host_attention import (
+    DENSE,
+    DenseHost,
+    HostAttention,
+    HostSparsity,
+    MMInferenceHost,
+    TriangleHost,
+)
 from .layout import SpavaLayout, build_layout, even_split, ring_layout, split_frames
 from .methods import METHODS, layout_for
 from .spava import (
@@ -13,11 +21,20 @@ from .spava import (
     spava_attention,
     top_indices,
 )
+from .timing import SECTIONS, SectionTimer
 
 __all__ = [
+    "DENSE",
+    "DenseHost",
+    "HostAttention",
+    "HostSparsity",
     "METHODS",
+    "MMInferenceHost",
+    "SECTIONS",
+    "SectionTimer",
     "SpavaConfig",
     "SpavaLayout",
+    "TriangleHost",
     "apb_config",
     "build_layout",
     "dense_attention",

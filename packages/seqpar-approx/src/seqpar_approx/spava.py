@@ -15,6 +15,11 @@ What each token attends (global positions, see :mod:`seqpar_approx.layout`):
   applied on every host (which silently hides trailing context keys from early query rows on
   hosts that do not hold the query keys), nothing is dropped.
 
+A host's own rows (anchor rows, each local block's rows) go through a :class:`HostAttention`
+step (default :data:`~seqpar_approx.host_attention.DENSE`): dense, TriangleMix or MMInference
+(see :mod:`seqpar_approx.host_attention` for exactly what each attends). The query partials and
+their merge are dense and exact under every step.
+
 Essential-KV selection for block ``v`` (per batch and KV head): ``p = softmax(q_qr k_v^T * scale)``
 over the block's keys for every query row and query head, summed over the query rows and the
 ``H / H_KV`` query heads that share the KV head; the ``min(l_p, len(v))`` keys with the largest sum
@@ -28,7 +33,9 @@ from sparse_kernels import AttentionOutput, attention, merge_attention
 
 from ._comm import all_gather, world
 from .config import SpavaConfig
+from .host_attention import DENSE, HostAttention
 from .layout import SpavaLayout
+from .timing import SectionTimer, section
 
 
 def _check_local(q, k, v, layout: SpavaLayout, rank: int) -> None:
@@ -88,8 +95,18 @@ def _local_parts(t: torch.Tensor, layout: SpavaLayout, rank: int) -> dict:
 
 
 def _cat(xs: list[torch.Tensor]) -> torch.Tensor:
-    xs = [x for x in xs if x.shape[2]]
-    return xs[0] if len(xs) == 1 else torch.cat(xs, dim=2)
+    kept = [x for x in xs if x.shape[2]]
+    if not kept:
+        return xs[0]
+    return kept[0] if len(kept) == 1 else torch.cat(kept, dim=2)
+
+
+def _check_step(host_attention) -> None:
+    if not isinstance(host_attention, HostAttention):
+        raise TypeError(
+            f"host_attention: expected a HostAttention (e.g. DenseHost(), or "
+            f"HostSparsity.for_layer(i)), got {type(host_attention).__name__}"
+        )
 
 
 def _query_partial(q_qr, k_keys, v_keys, k_qr, v_qr, *, with_query: bool, scale, impl):
@@ -111,6 +128,8 @@ def spava_attention(
     *,
     scale: float | None = None,
     impl: str = "auto",
+    host_attention: HostAttention = DENSE,
+    timer: SectionTimer | None = None,
 ) -> AttentionOutput:
     """Spava attention of this rank's local rows over a process group (one rank = one host).
 
@@ -121,6 +140,9 @@ def spava_attention(
         config: the switches (``overlap_comm``: async all-gathers waited only where needed).
         group: the process group (default: the world); rank ``h`` is host ``h``.
         scale: softmax scale, default ``D ** -0.5``. impl: passed to ``sparse_kernels.attention``.
+        host_attention: the step of the anchor rows and of each local block's rows.
+        timer: if given, the time of the essential-KV selection (``"estimation"``), of the
+            collectives (``"communication"``) and of the rest (``"attention"``) is counted there.
 
     Returns:
         ``AttentionOutput`` of the local rows, local order. Anchor and query rows are identical
@@ -134,6 +156,7 @@ def spava_attention(
     if layout.query_len < 1:
         raise ValueError("spava_attention needs a query block (query_len >= 1), got 0")
     _check_local(q, k, v, layout, rank)
+    _check_step(host_attention)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     async_op = config.overlap_comm
     Q, K, V = (_local_parts(t, layout, rank) for t in (q, k, v))
@@ -144,13 +167,19 @@ def spava_attention(
     pend = []
     if l_p > 0:
         for j, vb in enumerate(mine):
-            kc, vc, _ = select_essential(
-                Q["query"], K["blocks"][j], V["blocks"][j], layout.passing_count(vb), scale=scale
-            )
-            buf = torch.zeros(2, *kc.shape[:2], l_p, kc.shape[-1], dtype=k.dtype, device=k.device)
-            buf[0, :, :, : kc.shape[2]] = kc
-            buf[1, :, :, : kc.shape[2]] = vc
-            pend.append(all_gather(buf, group, async_op=async_op))
+            with section(timer, "estimation"):
+                kc, vc, _ = select_essential(
+                    Q["query"],
+                    K["blocks"][j],
+                    V["blocks"][j],
+                    layout.passing_count(vb),
+                    scale=scale,
+                )
+                buf = k.new_zeros(2, *kc.shape[:2], l_p, kc.shape[-1])
+                buf[0, :, :, : kc.shape[2]] = kc
+                buf[1, :, :, : kc.shape[2]] = vc
+            with section(timer, "communication"):
+                pend.append(all_gather(buf, group, async_op=async_op))
 
     # 2. this host's share of the query attention, gathered for the LSE merge
     a0, a1 = layout.anchor_slice(rank)
@@ -166,41 +195,52 @@ def spava_attention(
         scale=scale,
         impl=impl,
     )
-    pend_out = all_gather(qp.out, group, async_op=async_op)
-    pend_lse = all_gather(qp.lse, group, async_op=async_op)
+    with section(timer, "communication"):
+        pend_out = all_gather(qp.out, group, async_op=async_op)
+        pend_lse = all_gather(qp.lse, group, async_op=async_op)
 
     # 3. anchor rows, then each local block with its passing block
     outs, lses = [], []
+    none_k, none_v = k[:, :, :0], v[:, :, :0]
     if layout.anchor_len:
-        r = attention(Q["anchor"], ka, va, causal=True, scale=scale, impl=impl)
+        r = host_attention(Q["anchor"], ka, va, none_k, none_v, start=0, scale=scale, impl=impl)
         outs.append(r.out)
         lses.append(r.lse)
     for j, vb in enumerate(mine):
         kp, vp = [], []
         if l_p > 0:
-            gathered = pend[j].wait()
+            with section(timer, "communication"):
+                gathered = pend[j].wait()
             for g in range(vb):
                 src = layout.host_of_virtual(g)
                 slot = layout.virtual_of_host(src).index(g)
                 c = layout.passing_count(g)
-                other = gathered[src] if slot == j else pend[slot].wait()[src]
+                if slot == j:
+                    other = gathered[src]
+                else:
+                    with section(timer, "communication"):
+                        other = pend[slot].wait()[src]
                 kp.append(other[0, :, :, :c])
                 vp.append(other[1, :, :, :c])
-        r = attention(
+        r = host_attention(
             Q["blocks"][j],
-            _cat([ka, *kp, K["blocks"][j]]),
-            _cat([va, *vp, V["blocks"][j]]),
-            causal=True,
+            K["blocks"][j],
+            V["blocks"][j],
+            _cat([ka, *kp]),
+            _cat([va, *vp]),
+            start=layout.block(vb)[0],
             scale=scale,
             impl=impl,
         )
         outs.append(r.out)
         lses.append(r.lse)
 
-    for p in pend:  # a selection no local block needed (e.g. host 0) is still completed
-        p.wait()
+    with section(timer, "communication"):
+        for p in pend:  # a selection no local block needed (e.g. host 0) is still completed
+            p.wait()
+        parts_out, parts_lse = pend_out.wait(), pend_lse.wait()
     # 4. merge the query partials of every host (rank order)
-    m = merge_attention(pend_out.wait(), pend_lse.wait(), impl=impl)
+    m = merge_attention(parts_out, parts_lse, impl=impl)
     outs.append(m.out)
     lses.append(m.lse)
     return AttentionOutput(torch.cat(outs, dim=2), torch.cat(lses, dim=2))
@@ -215,6 +255,7 @@ def simulate_spava_attention(
     *,
     scale: float | None = None,
     impl: str = "auto",
+    host_attention: HostAttention = DENSE,
 ) -> AttentionOutput:
     """Exactly :func:`spava_attention`'s approximation in one process, on the full sequence.
 
@@ -223,6 +264,7 @@ def simulate_spava_attention(
     ``config`` is accepted for symmetry (the switches change timing, not the result).
     """
     del config
+    _check_step(host_attention)
     if layout.query_len < 1:
         raise ValueError("simulate_spava_attention needs a query block (query_len >= 1), got 0")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -237,18 +279,21 @@ def simulate_spava_attention(
     ka, va = k[:, :, :la], v[:, :, :la]
     out = q.new_zeros(q.shape)
     lse = torch.zeros(q.shape[:3], dtype=torch.float32, device=q.device)
+    none_k, none_v = k[:, :, :0], v[:, :, :0]
     if la:
-        r = attention(q[:, :, :la], ka, va, causal=True, scale=scale, impl=impl)
+        r = host_attention(q[:, :, :la], ka, va, none_k, none_v, start=0, scale=scale, impl=impl)
         out[:, :, :la], lse[:, :, :la] = r.out, r.lse
     sel_k, sel_v = [], []
     for vb in range(layout.num_virtual):
         s, e = layout.block(vb)
         kb, vb_ = k[:, :, s:e], v[:, :, s:e]
-        r = attention(
+        r = host_attention(
             q[:, :, s:e],
-            _cat([ka, *sel_k, kb]),
-            _cat([va, *sel_v, vb_]),
-            causal=True,
+            kb,
+            vb_,
+            _cat([ka, *sel_k]),
+            _cat([va, *sel_v]),
+            start=s,
             scale=scale,
             impl=impl,
         )

@@ -149,6 +149,7 @@ def attention_cases(rank: int, world_size: int, *, cases: list[dict], device: st
     """Worker: run every case's distributed attention on this rank's shard; return local outputs."""
     from .baselines import zigzag_ring_attention
     from .spava import spava_attention
+    from .testing_hosts import case_host_attention
 
     if device == "cuda":
         device = f"cuda:{rank}"
@@ -166,7 +167,7 @@ def attention_cases(rank: int, world_size: int, *, cases: list[dict], device: st
                 overlap_comm=case.get("overlap_comm", True),
             )
         else:
-            r = spava_attention(q, k, v, layout, cfg)
+            r = spava_attention(q, k, v, layout, cfg, host_attention=case_host_attention(case))
         results.append((r.out.cpu(), r.lse.cpu()))
     return results
 

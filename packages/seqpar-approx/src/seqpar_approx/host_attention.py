@@ -1,0 +1,243 @@
+"""The attention step a Spava host runs on its own rows: dense, TriangleMix or MMInference.
+
+A host computes attention for *segments*: the anchor rows, and the rows of each of its virtual
+blocks. A segment is a contiguous global range ``[start, start + S)`` whose rows attend
+
+* ``k_prefix``/``v_prefix``: keys that precede every row of the segment (for a block: the
+  anchor, then the passing blocks; for the anchor: none), and
+* the segment's own keys ``k``/``v``, causally.
+
+A step is any :class:`HostAttention`. The three here, and exactly what a row attends with each
+(the key order is the host's: prefix, then the segment):
+
+* :class:`DenseHost`: every prefix key and every causal segment key (Spava as published).
+* :class:`TriangleHost`: TriangleMix's A-shape over the host's keys in that order, i.e.
+  ``sparse_kernels.triangle_attention`` with ``last=0`` on the concatenation: the first ``sink``
+  keys (the start of the anchor) and the ``window`` keys ending at the diagonal. The dense
+  "last rows" of TriangleMix are Spava's query block, which stays exact outside these steps.
+* :class:`MMInferenceHost`: every prefix key (the anchor and the passing blocks are the keys
+  Spava kept on purpose) and, over the segment's own keys, the plan of
+  ``sparse_patterns.plan_layer`` for the layer's per-head patterns, estimated on the segment's
+  rows with the global modality of its tokens (``token_layout[start : start + S]``). The two
+  partials are merged by LSE, so the result is exact for that key set.
+
+:class:`HostSparsity` picks the step of each layer from a ``PatternConfig`` (MMInference) and/or a
+``LayerPolicy`` (TriangleMix: ``"dense"``, ``"triangle"``/``"streaming"``, and ``"dynamic"`` =
+MMInference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from sparse_kernels import AttentionOutput, attention, merge_attention, triangle_attention
+
+
+@runtime_checkable
+class HostAttention(Protocol):
+    """One segment's attention (module docstring). ``q [B, H, S, D]``; ``k, v [B, H_KV, S, D]``;
+    ``k_prefix, v_prefix [B, H_KV, P, D]`` (``P`` may be 0); ``start``: the global position of the
+    segment's first row. Returns the segment rows' ``AttentionOutput``."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_prefix: torch.Tensor,
+        v_prefix: torch.Tensor,
+        *,
+        start: int,
+        scale: float,
+        impl: str,
+    ) -> AttentionOutput: ...
+
+
+def _require(module: str):
+    """Import ``module`` (sparse_patterns / triangle_mix), naming the extra that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(
+            f"sparse host attention needs {module}: pip install 'seqpar-approx[sparse]'"
+        ) from e
+
+
+def _cat(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return b if a.shape[2] == 0 else torch.cat([a, b], dim=2)
+
+
+@dataclass(frozen=True)
+class DenseHost:
+    """Dense causal attention over prefix + segment (Spava's own step)."""
+
+    def __call__(self, q, k, v, k_prefix, v_prefix, *, start, scale, impl) -> AttentionOutput:
+        del start
+        return attention(
+            q, _cat(k_prefix, k), _cat(v_prefix, v), causal=True, scale=scale, impl=impl
+        )
+
+
+@dataclass(frozen=True)
+class TriangleHost:
+    """A-shape (``sink`` first keys + ``window`` keys to the diagonal) over prefix + segment."""
+
+    sink: int
+    window: int
+
+    def __post_init__(self) -> None:
+        for name, lo in (("sink", 0), ("window", 1)):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int) or val < lo:
+                raise ValueError(f"TriangleHost.{name}: expected an int >= {lo}, got {val!r}")
+
+    def __call__(self, q, k, v, k_prefix, v_prefix, *, start, scale, impl) -> AttentionOutput:
+        del start
+        return triangle_attention(
+            q,
+            _cat(k_prefix, k),
+            _cat(v_prefix, v),
+            sink=self.sink,
+            window=self.window,
+            last=0,
+            scale=scale,
+            impl=impl,
+        )
+
+
+@dataclass(frozen=True)
+class MMInferenceHost:
+    """Dense over the prefix, MMInference's per-head plan over the segment, merged by LSE.
+
+    ``heads``: one ``HeadConfig`` per query head (a ``PatternConfig`` layer).
+    ``token_layout``: the global ``sparse_patterns.TokenLayout`` of the whole sequence (None: all
+    text). ``block``: the plan's block size.
+    """
+
+    heads: tuple
+    token_layout: object = None
+    block: int = 64
+
+    def __post_init__(self) -> None:
+        sp = _require("sparse_patterns")
+        HeadConfig, TokenLayout = sp.HeadConfig, sp.TokenLayout
+
+        if not isinstance(self.heads, tuple) or not self.heads:
+            raise TypeError(
+                f"MMInferenceHost.heads: expected a non-empty tuple of HeadConfig, got "
+                f"{type(self.heads).__name__}"
+            )
+        bad = [type(h).__name__ for h in self.heads if not isinstance(h, HeadConfig)]
+        if bad:
+            raise TypeError(f"MMInferenceHost.heads: expected HeadConfig items, got {bad[:3]}")
+        if self.token_layout is not None and not isinstance(self.token_layout, TokenLayout):
+            raise TypeError(
+                f"MMInferenceHost.token_layout: expected a TokenLayout or None, got "
+                f"{type(self.token_layout).__name__}"
+            )
+        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
+            raise ValueError(f"MMInferenceHost.block: expected an int >= 1, got {self.block!r}")
+
+    def segment_layout(self, start: int, length: int):
+        """The ``TokenLayout`` of global rows ``[start, start + length)`` (None: all text)."""
+        from sparse_patterns import TokenLayout
+
+        if self.token_layout is None:
+            return None
+        mod = self.token_layout.modality
+        if start + length > mod.shape[0]:
+            raise ValueError(
+                f"token_layout: expected at least {start + length} tokens (segment "
+                f"[{start}, {start + length})), got {mod.shape[0]}"
+            )
+        return TokenLayout(mod[start : start + length], self.token_layout.tokens_per_frame)
+
+    def plan(self, q: torch.Tensor, k: torch.Tensor, *, start: int, scale: float):
+        """The segment's ``BlockPlan`` (exact block lists, so ``row_mask`` can be read)."""
+        from sparse_patterns import plan_layer
+
+        if len(self.heads) != q.shape[1]:
+            raise ValueError(
+                f"MMInferenceHost: expected {len(self.heads)} query heads (one HeadConfig each), "
+                f"got q with {q.shape[1]}"
+            )
+        lay = self.segment_layout(start, q.shape[2])
+        return plan_layer(q, k, self.heads, lay, block=self.block, scale=scale)
+
+    def __call__(self, q, k, v, k_prefix, v_prefix, *, start, scale, impl) -> AttentionOutput:
+        seg = self.plan(q, k, start=start, scale=scale).run(q, k, v, scale=scale, impl=impl)
+        if k_prefix.shape[2] == 0:
+            return seg
+        pre = attention(q, k_prefix, v_prefix, causal=False, scale=scale, impl=impl)
+        return merge_attention([seg.out, pre.out], [seg.lse, pre.lse], impl=impl)
+
+
+DENSE = DenseHost()
+
+
+@dataclass(frozen=True)
+class HostSparsity:
+    """Which :class:`HostAttention` each layer runs.
+
+    * ``patterns`` only: MMInference in every layer.
+    * ``policy`` only: TriangleMix, ``"dense"`` layers dense, ``"triangle"``/``"streaming"``
+      layers :class:`TriangleHost` (``policy.sink``, ``policy.window``).
+    * both: the policy, with its ``"dynamic"`` layers running MMInference.
+
+    ``patterns`` is a ``sparse_patterns.PatternConfig``; ``policy`` a ``triangle_mix.LayerPolicy``.
+    """
+
+    patterns: object = None
+    policy: object = None
+    block: int = 64
+
+    def __post_init__(self) -> None:
+        PatternConfig = _require("sparse_patterns").PatternConfig
+        LayerPolicy = _require("triangle_mix").LayerPolicy
+
+        if self.patterns is None and self.policy is None:
+            raise ValueError("HostSparsity: expected patterns, a policy or both, got neither")
+        if self.patterns is not None and not isinstance(self.patterns, PatternConfig):
+            raise TypeError(
+                f"HostSparsity.patterns: expected a PatternConfig, got "
+                f"{type(self.patterns).__name__}"
+            )
+        if self.policy is not None and not isinstance(self.policy, LayerPolicy):
+            raise TypeError(
+                f"HostSparsity.policy: expected a LayerPolicy, got {type(self.policy).__name__}"
+            )
+        if self.policy is not None and self.policy.needs_dynamic and self.patterns is None:
+            raise ValueError(
+                "HostSparsity: the policy has 'dynamic' layers, expected patterns (a "
+                "PatternConfig) for them, got None"
+            )
+        both = self.policy is not None and self.patterns is not None
+        if both and self.policy.num_layers != self.patterns.num_layers:
+            raise ValueError(
+                f"HostSparsity: expected a policy and patterns of the same depth, got "
+                f"{self.policy.num_layers} and {self.patterns.num_layers} layers"
+            )
+
+    @property
+    def num_layers(self) -> int:
+        return (self.policy or self.patterns).num_layers
+
+    def for_layer(self, layer_idx: int, token_layout=None) -> HostAttention:
+        """The step of layer ``layer_idx``; ``token_layout`` (a ``TokenLayout`` of the whole
+        prompt, or None for text) is what MMInference layers estimate with."""
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int):
+            raise TypeError(f"layer_idx: expected an int, got {type(layer_idx).__name__}")
+        if not 0 <= layer_idx < self.num_layers:
+            raise ValueError(f"layer_idx: expected 0..{self.num_layers - 1}, got {layer_idx}")
+        kind = "dynamic" if self.policy is None else self.policy.kinds[layer_idx]
+        if kind == "dense":
+            return DENSE
+        if kind in ("triangle", "streaming"):
+            return TriangleHost(sink=self.policy.sink, window=self.policy.window)
+        return MMInferenceHost(
+            self.patterns.layer(layer_idx), token_layout=token_layout, block=self.block
+        )

@@ -250,7 +250,7 @@ def test_identity_all_blocks_equals_dense_kernel(causal):
     # arithmetic, so the interpreter result is bit-identical.
     from sparse_kernels.attention import triton as dense_triton
 
-    bm, bn = dense_triton._INTERP_CONFIG["BLOCK_M"], dense_triton._INTERP_CONFIG["BLOCK_N"]
+    bm, bn = dense_triton.SPEC.interpreter["BLOCK_M"], dense_triton.SPEC.interpreter["BLOCK_N"]
     S = 300
     q, k, v = make_qkv(1, 4, 2, S, S, 64, dtype=torch.float32, device=DEV, seed=5)
     idx, cnt = _all_blocks(S, S, bm, bn, causal)
@@ -642,7 +642,7 @@ def test_per_pair_modality_masks_match_reference(dtype):
 
 @pytest.mark.gpu
 def test_per_pair_modality_masks_bf16_gpu():
-    # Block 32 matches no GPU autotune tile: this also runs the prune hook's fallback config.
+    # Block 32 matches no GPU candidate tile: this also runs the fallback config.
     q, k, v, kw = _modality_case(4099, 8, 2, 4, torch.bfloat16, seed=22)
     _check(q, k, v, kw, torch.bfloat16)
 
@@ -775,7 +775,9 @@ def test_reference_accepts_any_block_size_and_head_dim():
 
 
 @pytest.mark.gpu
-def test_every_autotune_config_is_correct():
+def test_every_candidate_config_is_correct():
+    # A tuned table may name any candidate that fits the blocks: each one must compute the same
+    # function.
     from sparse_kernels.permuted import triton as pt
 
     for bm, bn in [(64, 64), (128, 128), (128, 64), (64, 128)]:
@@ -798,9 +800,7 @@ def test_every_autotune_config_is_correct():
         )
         gold = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=torch.float64, **kw)
         low = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=q.dtype, **kw)
-        for cfg in pt._permuted_fwd_autotuned.configs:
-            if bm % cfg.kwargs["BLOCK_M"] or bn % cfg.kwargs["BLOCK_N"]:
-                continue
+        for cfg in pt.SPEC.fitting((bm, bn)):
             out, lse = _launch_permuted_fwd(q, k, v, scale=128**-0.5, config=cfg, **kw)
             assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))
             assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
@@ -881,29 +881,45 @@ def test_grid_perms_match_flex_attention_mask_mod():
 
 
 @pytest.mark.parametrize("q_block,kv_block", [(64, 64), (128, 64), (64, 128), (32, 256), (16, 16)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_autotune_prune_keeps_only_tiles_dividing_the_blocks(q_block, kv_block, dtype, monkeypatch):
+def test_launch_configs_have_tiles_dividing_the_blocks(q_block, kv_block):
     from sparse_kernels.permuted import triton as pt
 
-    monkeypatch.setenv("SPARSE_KERNELS_AUTOTUNE", "1")
-    args = dict(q_block=q_block, kv_block=kv_block, q_ptr=torch.empty(1, dtype=dtype))
-    kept = pt._prune(pt._permuted_fwd_autotuned.configs, args)
-    assert kept
-    for c in kept:
-        assert q_block % c.kwargs["BLOCK_M"] == 0 and kv_block % c.kwargs["BLOCK_N"] == 0
-    if dtype == torch.float32:
-        assert len(kept) == 1 and c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 32
-    elif (q_block, kv_block) == (128, 64):
-        assert {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in kept} == {(128, 64), (64, 64)}
+    blocks = (q_block, kv_block)
+    fitting = pt.SPEC.fitting(blocks)
+    for c in [*fitting, pt.SPEC.safe(blocks)]:
+        assert q_block % c["BLOCK_M"] == 0 and kv_block % c["BLOCK_N"] == 0, c
+    if blocks == (128, 64):
+        assert {(c["BLOCK_M"], c["BLOCK_N"]) for c in fitting} == {(128, 64), (64, 64)}
+    if min(blocks) < 64:
+        # No candidate fits: the fallback cuts the 64-key tile to the blocks.
+        assert not fitting
+        assert pt.SPEC.safe(blocks)["BLOCK_M"] == min(q_block, 64)
+    # The interpreter and fp32 configs, cut to the blocks as the launcher does.
+    for c, most in ((pt.SPEC.interpreter, (64, 64)), (pt.SPEC.fp32, (64, 32))):
+        cut = pt._tiles_within_blocks(c, blocks)
+        assert (cut["BLOCK_M"], cut["BLOCK_N"]) == (min(q_block, most[0]), min(kv_block, most[1]))
+        assert pt._tiles_divide_blocks(cut, blocks)
 
 
-def test_autotune_off_keeps_one_dividing_config(monkeypatch):
+def test_safe_config_is_the_smallest_dividing_candidate():
     from sparse_kernels.permuted import triton as pt
 
-    monkeypatch.setenv("SPARSE_KERNELS_AUTOTUNE", "0")
-    args = dict(q_block=128, kv_block=64, q_ptr=torch.empty(1, dtype=torch.float16))
-    kept = pt._prune(pt._permuted_fwd_autotuned.configs, args)
-    assert len(kept) == 1 and kept[0].kwargs["BLOCK_N"] == 64
+    safe = pt.SPEC.safe((128, 64))
+    assert (safe["BLOCK_M"], safe["BLOCK_N"], safe.num_stages) == (64, 64, 2)
+
+
+def test_launch_config_tiles_must_divide_the_blocks():
+    from sparse_kernels.tuning import LaunchConfig
+
+    q, k, v = make_qkv(1, 2, 1, 128, 128, 64, dtype=torch.float16, device="meta", seed=0)
+    idx = torch.zeros(1, 1, 2, 1, dtype=torch.int32, device="meta")
+    cnt = torch.ones(1, 1, 2, dtype=torch.int32, device="meta")
+    cfg = LaunchConfig.of(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+    with pytest.raises(ValueError, match=r"tiles must divide the block sizes \(64, 64\), got"):
+        _launch_permuted_fwd(
+            q, k, v, q_perm=None, kv_perm=None, kv_block_indices=idx, kv_block_counts=cnt,
+            block_m=64, block_n=64, causal=True, scale=0.125, config=cfg,
+        )  # fmt: skip
 
 
 def test_grid_offsets_and_permutation_check_strides_without_reading_them():

@@ -16,64 +16,60 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import (
-    FP32_CONFIG,
-    autotune_off,
-    bench_config,
-    block_d,
-    on_interpreter,
-    seq_bucket,
-    smallest,
-)
+from .._triton.config import FP32_CONFIG, block_d
 from .._triton.inner import _finish_rows
+from ..tuning import KernelSpec, LaunchConfig, choose_config
 from .reference import MAX_MODALITIES
 
-# Tile sizes must divide the block sizes of the block structure; the prune hook keeps those that do.
-_GPU_CONFIGS = [
-    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
-    dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
-]
 # Bit (a * PAIR_STRIDE + b) of a pair mask allows query modality a with key modality b.
 PAIR_STRIDE = tl.constexpr(MAX_MODALITIES)
 # The bits of one query modality's row of the pair mask.
 PAIR_ROW_BITS = tl.constexpr((1 << MAX_MODALITIES) - 1)
-# Under the interpreter tiles are as large as the blocks allow (fewer, bigger numpy ops).
-_INTERP_MAX_TILE = 64
 
 
-def _prune(configs_, named_args, **kwargs):
-    """Keep the tiles that divide the block structure; fp32 gets one small exact-dot tile."""
-    qb, kb = named_args["q_block"], named_args["kv_block"]
-    if named_args["q_ptr"].dtype == torch.float32:
-        return [
-            triton.Config(
-                dict(
-                    BLOCK_M=min(qb, FP32_CONFIG["BLOCK_M"]), BLOCK_N=min(kb, FP32_CONFIG["BLOCK_N"])
-                ),
-                num_warps=4,
-                num_stages=1,
-            )
-        ]
-    keep = [c for c in configs_ if qb % c.kwargs["BLOCK_M"] == 0 and kb % c.kwargs["BLOCK_N"] == 0]
-    if not keep:
-        keep = [
-            triton.Config(dict(BLOCK_M=min(qb, 64), BLOCK_N=min(kb, 64)), num_warps=4, num_stages=2)
-        ]
-    return [smallest(keep)] if autotune_off() else keep
+def _tiles_divide_blocks(config: LaunchConfig, blocks: tuple[int, ...]) -> bool:
+    """A program's BLOCK_M rows lie in one query block and its BLOCK_N keys in one key block."""
+    q_block, kv_block = blocks
+    return q_block % config["BLOCK_M"] == 0 and kv_block % config["BLOCK_N"] == 0
 
 
-def _gpu_configs() -> list[triton.Config]:
-    out = []
-    for c in _GPU_CONFIGS:
-        c = dict(c)
-        w, s = c.pop("num_warps"), c.pop("num_stages")
-        out.append(triton.Config(c, num_warps=w, num_stages=s))
-    return out
+def _tiles_within_blocks(config: LaunchConfig, blocks: tuple[int, ...]) -> LaunchConfig:
+    """``config`` with each tile cut to its block size. The interpreter and fp32 configs are
+    written for blocks of at least 64 keys; blocks are powers of two, so the cut tile divides
+    them. Any other looked-up config already fits (unchanged)."""
+    q_block, kv_block = blocks
+    return LaunchConfig.of(
+        BLOCK_M=min(config["BLOCK_M"], q_block), BLOCK_N=min(config["BLOCK_N"], kv_block),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+
+
+def _fallback(blocks: tuple[int, ...]) -> LaunchConfig:
+    q_block, kv_block = blocks
+    return LaunchConfig.of(
+        BLOCK_M=min(q_block, 64), BLOCK_N=min(kv_block, 64), num_warps=4, num_stages=2
+    )
+
+
+# Launch configs: looked up per GPU, shape and length in the tuned tables (sparse_kernels.tuning);
+# a tuning run times the candidates whose tiles divide the block sizes.
+SPEC = KernelSpec(
+    name="permuted",
+    candidates=(
+        LaunchConfig.of(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+        LaunchConfig.of(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+        LaunchConfig.of(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+        LaunchConfig.of(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+        LaunchConfig.of(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+        LaunchConfig.of(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+        LaunchConfig.of(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+    ),
+    # Under the interpreter tiles are as large as the blocks allow (fewer, bigger numpy ops).
+    interpreter=LaunchConfig.of(BLOCK_M=64, BLOCK_N=64),
+    fp32=LaunchConfig.of(**FP32_CONFIG, num_warps=4, num_stages=1),
+    fits=_tiles_divide_blocks,
+    fallback=_fallback,
+)
 
 
 @triton.jit
@@ -307,7 +303,6 @@ def _permuted_fwd_kernel(
     q_block,
     kv_block,
     sm_scale,
-    SEQ_BUCKET,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
@@ -455,27 +450,6 @@ def _permuted_fwd_kernel(
     tl.store(lse_ptr + bh.to(tl.int64) * S_Q + rows, lse, mask=row_ok)
 
 
-_permuted_fwd_autotuned = triton.autotune(
-    configs=_gpu_configs(),
-    key=[
-        "D",
-        "IS_CAUSAL",
-        "HAS_Q_PERM",
-        "HAS_KV_PERM",
-        "HAS_FULL",
-        "HAS_PAIRS",
-        "HAS_RUNS",
-        "UNIT_STEPS",
-        "IEEE",
-        "q_block",
-        "kv_block",
-        "SEQ_BUCKET",
-    ],
-    do_bench=bench_config,
-    prune_configs_by={"early_config_prune": _prune},
-)(_permuted_fwd_kernel)
-
-
 def _as_3d(perm: torch.Tensor | None) -> torch.Tensor | None:
     """``[S]`` / ``[heads, S]`` / ``[B, heads, S]`` as a 3-D view."""
     if perm is None or perm.ndim == 3:
@@ -565,11 +539,24 @@ def _launch_permuted_fwd(
     kv_run_starts: torch.Tensor | None = None,
     kv_run_counts: torch.Tensor | None = None,
     kv_run_step: int | torch.Tensor = 1,
-    config: triton.Config | None = None,
+    config: LaunchConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Allocate, launch. ``config`` forces one tile config (tests sweep the autotune list)."""
+    """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
+    the tuner run each candidate); its tiles must divide ``(block_m, block_n)``."""
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
+    blocks = (block_m, block_n)
+    if config is None:
+        config = choose_config(
+            SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S_KV,
+            variant="causal" if causal else "full", blocks=blocks,
+        )  # fmt: skip
+        config = _tiles_within_blocks(config, blocks)
+    elif not _tiles_divide_blocks(config, blocks):
+        raise ValueError(
+            f"permuted_block_sparse_attention: launch config tiles must divide the block sizes "
+            f"{blocks}, got {config}"
+        )
     q_perm, kv_perm = _as_3d(q_perm), _as_3d(kv_perm)
     out = torch.empty((B, H, S_Q, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
@@ -623,7 +610,7 @@ def _launch_permuted_fwd(
         *(_strides_blocks(run_step) if has_runs else (0, 0)),
         kv_block_indices.shape[-1], fidx.shape[-1],
         kv_run_starts.shape[-1] if has_runs else 0,
-        H, H // H_KV, kvp_div, S_Q, S_KV, block_m, block_n, scale, seq_bucket(S_KV),
+        H, H // H_KV, kvp_div, S_Q, S_KV, block_m, block_n, scale,
     )  # fmt: skip
     flags = dict(
         D=D,
@@ -637,30 +624,7 @@ def _launch_permuted_fwd(
         UNIT_STEPS=unit_steps,
         IEEE=q.dtype == torch.float32,
     )
-    if config is None and on_interpreter():
-        config = triton.Config(
-            dict(BLOCK_M=min(block_m, _INTERP_MAX_TILE), BLOCK_N=min(block_n, _INTERP_MAX_TILE)),
-            num_warps=4,
-            num_stages=1,
-        )
-    if config is not None:
-        bm = config.kwargs["BLOCK_M"]
-        if block_m % bm or block_n % config.kwargs["BLOCK_N"]:
-            raise ValueError(
-                f"tile config {config.kwargs} must divide the block sizes ({block_m}, {block_n})"
-            )
-        grid = (triton.cdiv(S_Q, bm), B * H)
-        _permuted_fwd_kernel[grid](
-            *args,
-            **flags,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-            **config.kwargs,
-        )
-    else:
-
-        def grid(meta):
-            return (triton.cdiv(S_Q, meta["BLOCK_M"]), B * H)
-
-        _permuted_fwd_autotuned[grid](*args, **flags)
+    _permuted_fwd_kernel[(triton.cdiv(S_Q, config["BLOCK_M"]), B * H)](
+        *args, **flags, **config.launch_kwargs()
+    )
     return out, lse

@@ -34,10 +34,21 @@ one warm-up), ``attention_core_ms`` (the attention function alone, estimation ex
 ``parts_ms`` (attention, estimation, mlp, other; from CUDA events in one extra
 prefill), ``peak_gib``, and the environment. For 1M, where one dense prefill takes minutes,
 ``--warmup-tokens 8192 --single-pass`` warms up on a short input and times one event-timed
-prefill (TTFT and parts from the same pass). A short warm-up leaves the kernels' length-bucketed
-autotuning inside the timed pass; ``--tune-full-length`` adds, before timing, one full-length
-prefill through one decoder layer of each kind (the first, the first TriangleMix layer, the last),
-which tunes every kernel config at the timed length for a fraction of a full prefill.
+prefill (TTFT and parts from the same pass).
+
+``--cold-start`` times what a user's first request at a new length costs. Per length L and
+method, in one process: a warm-up prefill at ``--warmup-tokens`` (default 8192; 0: none), then
+the first prefill at L and a second one, each timed once. Triton compiles one binary per kernel
+variant on its first launch in a process, or loads it from its on-disk cache; rows give
+``first_s``, ``warm_s``, ``first_over_warm``, the variants made ready during the first prefill
+(``compiled_variants``, ``compile_s``, ``compile_share`` of ``first_s``, ``compiled_by_kernel``)
+and during the warm-up and the second prefill, and whether Triton's cache directory was empty when
+the process started (``triton_cache_was_empty``). An empty cache: ``TRITON_CACHE_DIR=$(mktemp -d)``;
+a warm one: the same command twice with the same ``TRITON_CACHE_DIR``, the second run's rows:
+
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    python apps/vlm-accel/benchmarks/bench_ttft.py --cold-start --lengths 128K,256K \\
+        --methods mminference,mminference+trianglemix+fused --out cold-a.json
 """
 
 from __future__ import annotations
@@ -57,6 +68,10 @@ METHODS = ("dense", "mminference", "mminference+trianglemix")
 FUSED = "+fused"  # method suffix: norms, MLP gates, rotary step via sparse_kernels.fused
 TEXT = 64
 TPF = 256
+# --cold-start's default warm-up: a prefill short beside the timed lengths that makes the kernels
+# ready at a length bucket other than theirs.
+COLD_WARMUP = 8192
+COLD_WARMUP_SMOKE = 512
 # Pattern shapes (A-shape and triangle sink/window, triangle last rows, Vertical-Slash counts)
 # belong to the model shape: at the smoke's 1024 tokens the full shape's 4096-key window would
 # cover every key and each method would run dense.
@@ -283,8 +298,8 @@ def split_method(method: str) -> tuple[str, bool]:
 
 
 def _warm_up(model, method, dims, tokens, device, dtype, timer, chunk) -> None:
-    """One prefill of ``method`` at ``tokens`` tokens (its own layout): compiles and tunes the
-    kernels without a full-length pass."""
+    """One prefill of ``method`` at ``tokens`` tokens (its own layout): compiles the kernels it
+    launches without a full-length pass."""
     x = torch.randn(1, tokens, dims["hidden"], device=device, dtype=dtype)
     handle = _apply(model, method, dims, _layout(tokens, dims["tpf"], device), timer)
     try:
@@ -292,28 +307,6 @@ def _warm_up(model, method, dims, tokens, device, dtype, timer, chunk) -> None:
     finally:
         if handle is not None:
             handle.remove()
-
-
-def _layer_kinds(dims: dict) -> list[int]:
-    """One decoder layer of each kind a method uses: the first (dynamic patterns), the first
-    TriangleMix layer, and the last (TriangleMix computes only its last row there)."""
-    n = dims["layers"]
-    return sorted({0, min(dims["start"], n - 1), n - 1})
-
-
-def _tune_at_length(model, method, dims, embeds, pos, layout, timer, chunk) -> None:
-    """One prefill of ``method`` at the full length through only the layers of
-    :func:`_layer_kinds` (their own layer indices, so the policy picks the same kernel per layer):
-    the kernels compile and autotune at the timed length outside the timed pass."""
-    layers = model.layers
-    model.layers = torch.nn.ModuleList([layers[i] for i in _layer_kinds(dims)])
-    handle = _apply(model, method, dims, layout, timer)
-    try:
-        _prefill(model, embeds, pos, chunk, split_method(method)[1])
-    finally:
-        if handle is not None:
-            handle.remove()
-        model.layers = layers
 
 
 def _sync(device: str) -> None:
@@ -388,6 +381,90 @@ def head_kinds(cfg) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def triton_cache_state() -> dict:
+    """Triton's on-disk compile cache (``TRITON_CACHE_DIR``, else ``.triton/cache`` under
+    ``TRITON_HOME`` or the home directory) and whether it holds nothing yet: read before anything
+    compiles, it says whether the process started cold."""
+    import triton
+
+    path = Path(triton.knobs.cache.dir)
+    empty = not path.is_dir() or next(path.iterdir(), None) is None
+    return {"triton_cache_dir": str(path), "triton_cache_was_empty": empty}
+
+
+def _timed_prefill(model, embeds, pos, chunk: int, fused: bool, device: str):
+    """One prefill, synchronised on both sides, inside a ``CompileLog``: (seconds, last hidden
+    state, the kernel variants made ready during it)."""
+    from sparse_kernels.tuning import CompileLog
+
+    with CompileLog() as log:
+        _sync(device)
+        t0 = time.perf_counter()
+        out = _prefill(model, embeds, pos, chunk, fused)
+        _sync(device)
+        seconds = time.perf_counter() - t0
+    return seconds, out, log
+
+
+def cold_start(lengths, methods, model, *, device: str, dtype, dims: dict, chunk: int,
+               warmup_tokens: int) -> list[dict]:  # fmt: skip
+    """Per length and method: a warm-up prefill at ``warmup_tokens`` (none if 0), the first
+    prefill at the length, then a second one; each timed once, with the kernel variants each
+    one made ready. Lengths and methods run in the order given, so a later row finds the
+    variants that earlier rows made ready in memory."""
+    from sparse_kernels.tuning import CompileLog
+
+    rows = []
+    for name, S in lengths:
+        g = torch.Generator(device).manual_seed(S)
+        embeds = torch.randn(1, S, dims["hidden"], device=device, dtype=dtype, generator=g)
+        pos = _positions(S, dims["tpf"], device)
+        layout = _layout(S, dims["tpf"], device)
+        for method in methods:
+            fused = split_method(method)[1]
+            timer = _Timer(device)  # stays off: the passes are timed whole
+            row = {"length": name, "tokens": S, "method": method, "fused_parts": fused,
+                   "warmup_tokens": warmup_tokens}  # fmt: skip
+            if warmup_tokens:
+                with CompileLog() as log:
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    _warm_up(model, method, dims, warmup_tokens, device, dtype, timer, chunk)
+                    _sync(device)
+                    row["warmup_s"] = time.perf_counter() - t0
+                row.update(warmup_compiled_variants=log.count, warmup_compile_s=log.seconds)
+            handle = _apply(model, method, dims, layout, timer)
+            try:
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
+                first_s, first, first_log = _timed_prefill(model, embeds, pos, chunk, fused, device)
+                warm_s, warm, warm_log = _timed_prefill(model, embeds, pos, chunk, fused, device)
+            except torch.OutOfMemoryError:
+                rows.append(dict(row, error="OOM"))
+                print(f"{name:>5s} {method:30s} out of memory", flush=True)
+                continue
+            finally:
+                if handle is not None:
+                    handle.remove()
+            for label, out in (("first", first), ("second", warm)):
+                if not torch.isfinite(out).all():
+                    raise RuntimeError(f"{method} at {name}: non-finite output of the {label} pass")
+            row.update(
+                first_s=first_s, warm_s=warm_s, first_over_warm=first_s / warm_s,
+                compiled_variants=first_log.count, compile_s=first_log.seconds,
+                compile_share=first_log.seconds / first_s,
+                compiled_by_kernel=first_log.by_kernel(),
+                warm_compiled_variants=warm_log.count, warm_compile_s=warm_log.seconds,
+                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
+            )  # fmt: skip
+            rows.append(row)
+            print(f"{name:>5s} {method:30s} first {first_s:8.3f} s  warm {warm_s:8.3f} s  "
+                  f"x{row['first_over_warm']:.2f}  {first_log.summary()}", flush=True)  # fmt: skip
+        del embeds, pos, layout
+    return rows
+
+
 def bench(
     lengths,
     methods,
@@ -398,7 +475,7 @@ def bench(
     chunk: int,
     warmup_tokens: int | None = None,
     single_pass: bool = False,
-    tune_full_length: bool = False,
+    cold_start_cache: dict | None = None,
     profile_dir: str | None = None,
     search_tokens: int | None = None,
     search_eval_rows: int = 1024,
@@ -425,6 +502,10 @@ def bench(
             "heads": head_kinds(cfg),
         },
     )  # fmt: skip
+    if cold_start_cache is not None:  # the --cold-start mode; its rows carry the cache state
+        rows = cold_start(lengths, methods, model, device=device, dtype=dtype, dims=dims,
+                          chunk=chunk, warmup_tokens=warmup_tokens or 0)  # fmt: skip
+        return [dict(r, **cold_start_cache, env=info) for r in rows]
     rows = []
     for name, S in lengths:
         g = torch.Generator(device).manual_seed(S)
@@ -437,9 +518,6 @@ def bench(
             if warmup_tokens is not None:  # when a full-length warm-up pass is too long
                 _warm_up(model, method, dims, warmup_tokens, device, dtype, timer, chunk)
             fused = split_method(method)[1]
-            tune = tune_full_length and split_method(method)[0] != "dense"  # cuDNN: nothing to tune
-            if tune:
-                _tune_at_length(model, method, dims, embeds, pos, layout, timer, chunk)
             handle = _apply(model, method, dims, layout, timer)
             try:
                 if device == "cuda":
@@ -504,7 +582,7 @@ def bench(
                 "parts_pass_max_abs_diff": parts_diff,
                 "peak_gib": peak, "last_hidden_cosine_vs_first_method": cos,
                 "warmup_tokens": warmup_tokens or S, "single_pass": single_pass,
-                "tuned_at_full_length": tune, "fused_parts": fused,
+                "fused_parts": fused,
             })  # fmt: skip
             print(f"{name:>5s} {method:26s} TTFT {rows[-1]['ttft_s']:9.3f} s  parts(ms) "
                   f"{rows[-1]['parts_ms']}  attention core {core:.1f} ms", flush=True)  # fmt: skip
@@ -532,7 +610,8 @@ def main(argv=None) -> int:
         "--warmup-tokens",
         type=int,
         default=None,
-        help="warm up at this many tokens instead of a full-length prefill",
+        help="warm up at this many tokens instead of a full-length prefill (--cold-start: below "
+        f"every length, default {COLD_WARMUP} ({COLD_WARMUP_SMOKE} with --smoke), 0 for none)",
     )
     p.add_argument(
         "--single-pass",
@@ -540,10 +619,11 @@ def main(argv=None) -> int:
         help="one prefill per row: TTFT and parts from the same event-timed pass",
     )
     p.add_argument(
-        "--tune-full-length",
+        "--cold-start",
         action="store_true",
-        help="before timing, one full-length prefill through one layer of each kind, so that "
-        "autotuning at the timed length stays out of the timed pass",
+        help="per length and method: a warm-up at --warmup-tokens, then the first prefill at the "
+        "length and a second one, each timed once, with the kernel variants compiled or loaded "
+        "during each (see the module docstring)",
     )
     p.add_argument(
         "--exact-verticals",
@@ -593,6 +673,7 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny shape on the CPU (dry run)")
     p.add_argument("--out", default="bench_ttft.json")
     a = p.parse_args(argv)
+    cache = triton_cache_state()  # before anything in this process compiles
     methods = a.methods.split(",")
     for m in methods:
         if split_method(m)[0] not in METHODS:
@@ -634,13 +715,25 @@ def main(argv=None) -> int:
             p.error(f"--config {a.config}: expected {dims['layers']} layers x {dims['heads']} "
                     f"heads, got {cfg.num_layers} x {cfg.num_heads}")  # fmt: skip
         dims = dict(dims, config=cfg, config_source=a.config)
-    if a.warmup_tokens is not None and a.warmup_tokens < 2 * TEXT + dims["tpf"]:
-        p.error(
-            f"--warmup-tokens: expected at least {2 * TEXT + dims['tpf']}, got {a.warmup_tokens}"
-        )
+    if a.cold_start:
+        for flag, given in (("--single-pass", a.single_pass), ("--repeat", a.repeat != 1),
+                            ("--profile", a.profile is not None),
+                            ("--search-tokens", a.search_tokens is not None)):  # fmt: skip
+            if given:  # one timed prefill each; a search would compile kernels before the rows
+                p.error(f"--cold-start: expected no {flag}, got {flag}")
+        if a.warmup_tokens is None:
+            a.warmup_tokens = COLD_WARMUP_SMOKE if a.smoke else COLD_WARMUP
+        shortest = min(S for _, S in lengths)
+        if a.warmup_tokens >= shortest:
+            p.error(f"--warmup-tokens: expected fewer than the shortest length ({shortest}) with "
+                    f"--cold-start, got {a.warmup_tokens}")  # fmt: skip
+    least, warm = 2 * TEXT + dims["tpf"], a.warmup_tokens
+    if warm is not None and warm < least and not (a.cold_start and warm == 0):
+        p.error(f"--warmup-tokens: expected at least {least}{' (or 0)' if a.cold_start else ''}, "
+                f"got {warm}")  # fmt: skip
     rows = bench(lengths, methods, device=device, dims=dims, repeat=a.repeat, chunk=a.mlp_chunk,
                  warmup_tokens=a.warmup_tokens, single_pass=a.single_pass,
-                 tune_full_length=a.tune_full_length, profile_dir=a.profile,
+                 cold_start_cache=cache if a.cold_start else None, profile_dir=a.profile,
                  search_tokens=a.search_tokens, search_eval_rows=a.search_eval_rows,
                  search_out=a.search_out)  # fmt: skip
     out = Path(a.out)

@@ -318,7 +318,6 @@ def test_fused_parts_refuse_other_norms_and_patch_nothing():
     assert lm.layers[0].mlp.forward == before
 
 
-@pytest.mark.slow
 def _benchmark_module(name: str):
     """A script of ``apps/vlm-accel/benchmarks`` (not a package) loaded as a module."""
     import importlib.util
@@ -357,11 +356,8 @@ def _assert_smoke_paths_sparse(mod, method_calls, methods):
 
 
 @pytest.mark.parametrize(
-    "extra",
-    [[], ["--warmup-tokens", "512", "--single-pass"],
-     ["--warmup-tokens", "512", "--single-pass", "--tune-full-length"]],
-    ids=["full-warmup", "short-warmup", "short-warmup-tuned"],
-)  # fmt: skip
+    "extra", [[], ["--warmup-tokens", "512", "--single-pass"]], ids=["full-warmup", "short-warmup"]
+)
 def test_bench_ttft_smoke(tmp_path, extra, method_calls):
     """The GPU benchmark's logic end to end at a tiny CPU shape (also the 1M-row mode: a short
     warm-up, one event-timed pass per row), with every sparse path running where it drops keys."""
@@ -374,10 +370,6 @@ def test_bench_ttft_smoke(tmp_path, extra, method_calls):
     assert all(r["last_hidden_cosine_vs_first_method"] > 0.99 for r in rows)
     assert all(r["single_pass"] == bool(extra) and len(r["times_s"]) == 1 for r in rows)
     assert all(r["warmup_tokens"] == (512 if extra else r["tokens"]) for r in rows)
-    tuned = "--tune-full-length" in extra
-    assert [r["tuned_at_full_length"] for r in rows] == [
-        tuned and m != "dense" for m in mod.METHODS
-    ]
 
 
 def test_bench_ttft_fused_methods_smoke(tmp_path, method_calls):
@@ -397,24 +389,92 @@ def test_bench_ttft_fused_methods_smoke(tmp_path, method_calls):
         mod.main(["--smoke", "--methods", "dense+fast", "--out", str(out)])
 
 
-def test_bench_ttft_tuning_pass_runs_one_layer_per_kind_and_restores_the_model(monkeypatch):
-    """The full-length tuning pass runs layers 0, start and last only (with their own indices)
-    and puts the whole layer list back."""
+def test_bench_ttft_cold_start_smoke(tmp_path, monkeypatch, method_calls):
+    """``--cold-start`` at the tiny CPU shape: per method a warm-up at 512 tokens, then the first
+    and a second prefill at 1024, each timed; the ratios come from the timings, the compile counts
+    from the passes (none on the CPU: no Triton kernel runs there), and the rows say whether
+    Triton's cache directory was empty when the run started."""
     mod = _benchmark_module("bench_ttft")
-    dims = dict(mod.SMOKE)
-    model = mod._model(dims, "cpu", torch.float32)
-    before = list(model.layers)
-    seen = []
-    for layer in before:
-        layer.register_forward_pre_hook(lambda m, a: seen.append(m.self_attn.layer_idx))
-    S = 2 * mod.TEXT + 4 * dims["tpf"]
-    timer = mod._Timer("cpu")
-    mod._tune_at_length(
-        model, "mminference+trianglemix", dims, torch.randn(1, S, dims["hidden"]),
-        mod._positions(S, dims["tpf"], "cpu"), mod._layout(S, dims["tpf"], "cpu"), timer, 4096,
-    )  # fmt: skip
-    assert seen == [0, dims["start"], dims["layers"] - 1]
-    assert list(model.layers) == before
+    cache, out = tmp_path / "triton-cache", tmp_path / "t.json"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    assert mod.main(["--smoke", "--cold-start", "--out", str(out)]) == 0
+    _assert_smoke_paths_sparse(mod, method_calls, ["mminference", "mminference+trianglemix"])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["method"] for r in rows] == list(mod.METHODS)
+    for r in rows:
+        assert r["length"] == "smoke-1K" and r["warmup_tokens"] == 512
+        assert r["warmup_s"] > 0 and r["first_s"] > 0 and r["warm_s"] > 0
+        assert r["first_over_warm"] == pytest.approx(r["first_s"] / r["warm_s"], rel=1e-12)
+        assert r["compile_share"] == pytest.approx(r["compile_s"] / r["first_s"], abs=1e-12)
+        assert r["compiled_variants"] == r["warm_compiled_variants"] == 0
+        assert r["warmup_compiled_variants"] == 0 and r["compiled_by_kernel"] == {}
+        assert r["triton_cache_dir"] == str(cache) and r["triton_cache_was_empty"] is True
+        assert r["env"]["torch"] == torch.__version__ and r["env"]["head_config"] == "fixed mix"
+    cache.mkdir()
+    (cache / "entry").write_text("x")
+    methods = "mminference+trianglemix+fused"
+    argv = ["--smoke", "--cold-start", "--warmup-tokens", "0", "--methods", methods]
+    assert mod.main([*argv, "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["method"] == methods and row["fused_parts"] is True
+    assert row["triton_cache_was_empty"] is False
+    assert row["warmup_tokens"] == 0 and "warmup_s" not in row
+    assert row["first_over_warm"] == pytest.approx(row["first_s"] / row["warm_s"], rel=1e-12)
+
+
+def test_bench_ttft_cold_start_counts_the_variants_of_each_pass(tmp_path, monkeypatch):
+    """The compile figures of a row are the ``CompileLog`` of each pass: a log that sees one
+    variant (as Triton's hooks report it) per block gives one per pass, named after its kernel."""
+    import types
+
+    import sparse_kernels.tuning as tuning
+    import triton
+
+    class OneVariantPerBlock(tuning.CompileLog):
+        def __enter__(self):
+            log = super().__enter__()
+            fn = types.SimpleNamespace(name="stand_in_kernel")
+            triton.knobs.runtime.jit_cache_hook(key="k", fn=fn)
+            triton.knobs.runtime.jit_post_compile_hook(key="k", fn=fn)
+            return log
+
+    monkeypatch.setattr(tuning, "CompileLog", OneVariantPerBlock)
+    mod = _benchmark_module("bench_ttft")
+    out = tmp_path / "t.json"
+    assert mod.main(["--smoke", "--cold-start", "--methods", "dense", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["warmup_compiled_variants"] == row["compiled_variants"] == 1
+    assert row["warm_compiled_variants"] == 1
+    assert row["compiled_by_kernel"] == {"stand_in_kernel": 1}
+    assert 0 < row["compile_s"] < row["first_s"]
+    assert row["compile_share"] == pytest.approx(row["compile_s"] / row["first_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "extra,msg",
+    [
+        pytest.param(["--single-pass"], "--cold-start: expected no --single-pass", id="single"),
+        pytest.param(["--repeat", "3"], "--cold-start: expected no --repeat", id="repeat"),
+        pytest.param(
+            ["--search-tokens", "512"], "--cold-start: expected no --search-tokens", id="search"
+        ),
+        pytest.param(
+            ["--warmup-tokens", "1024"],
+            "expected fewer than the shortest length (1024) with --cold-start, got 1024",
+            id="warmup-not-shorter",
+        ),
+        pytest.param(
+            ["--warmup-tokens", "100"], "expected at least 160 (or 0), got 100", id="warmup-short"
+        ),
+    ],
+)
+def test_bench_ttft_cold_start_refuses_options_it_would_ignore(tmp_path, capsys, extra, msg):
+    mod = _benchmark_module("bench_ttft")
+    out = tmp_path / "t.json"
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--smoke", "--cold-start", *extra, "--out", str(out)])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_bench_ttft_searches_a_config_and_times_it_then_reads_it_back(tmp_path):

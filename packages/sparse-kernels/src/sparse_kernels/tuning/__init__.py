@@ -5,6 +5,7 @@ head dim, dtype, GQA group, length bucket) in tables shipped with the package or
 user's own tuning run; see ``docs/cold-start.md``.
 """
 
+from .cases import MODEL_SHAPES, OPS, TuneShape
 from .compiles import CompiledVariant, CompileLog
 from .configs import KernelSpec, LaunchConfig
 from .lookup import TUNE_COMMAND, Choice, ConfigChooser, choose_config, family_of, gpu_family
@@ -16,8 +17,11 @@ from .table import (
     shipped_table_path,
     user_table_path,
 )
+from .tuner import TuneResult, tune
 
 __all__ = [
+    "MODEL_SHAPES",
+    "OPS",
     "TUNE_COMMAND",
     "Choice",
     "CompileLog",
@@ -27,11 +31,14 @@ __all__ = [
     "KernelSpec",
     "LaunchConfig",
     "TableEntry",
+    "TuneResult",
+    "TuneShape",
     "cache_dir",
     "choose_config",
     "family_of",
     "gpu_family",
     "length_bucket",
     "shipped_table_path",
+    "tune",
     "user_table_path",
 ]

@@ -257,6 +257,7 @@ def hf_worker(rank: int, world_size: int, *, runs: list[dict]):
     """Worker: for each run build the tiny model and generate sharded; return tokens + logits."""
     from .config import SpavaConfig
     from .integrations.hf import sharded_generate
+    from .testing_hosts import model_sparsity
 
     out = []
     for run in runs:
@@ -279,6 +280,9 @@ def hf_worker(rank: int, world_size: int, *, runs: list[dict]):
             config=cfg,
             max_new_tokens=run.get("new", 4),
             simulate_hosts=1 if solo else None,
+            sparsity=model_sparsity(
+                run.get("sparse"), model, start_layer=run.get("start_layer", 1)
+            ),
         )
         out.append((r.tokens, r.first_logits))
     return out

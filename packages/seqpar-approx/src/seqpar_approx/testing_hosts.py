@@ -61,3 +61,31 @@ def case_host_attention(case: dict) -> HostAttention:
         sparsity = HostSparsity(patterns=patterns, policy=policy, block=8)
         return sparsity.for_layer(case["layer"], layout)
     raise ValueError(f"host: expected 'dense', 'triangle', 'mminference' or 'policy', got {kind!r}")
+
+
+SPARSE_KINDS = ("mminference", "trianglemix", "mminference+trianglemix")
+
+
+def model_sparsity(kind: str | None, model, *, start_layer: int = 1) -> HostSparsity | None:
+    """The :class:`HostSparsity` of ``--sparse kind`` for a tiny model: MMInference with
+    :func:`case_heads` in every layer, and/or TriangleMix from ``start_layer`` (sink 2, window 8)."""
+    if kind is None:
+        return None
+    if kind not in SPARSE_KINDS:
+        raise ValueError(f"sparse: expected one of {SPARSE_KINDS}, got {kind!r}")
+    from sparse_patterns import PatternConfig
+    from triangle_mix import LayerPolicy
+
+    from .integrations.hf import language_model
+
+    cfg = language_model(model).config
+    L, H = cfg.num_hidden_layers, cfg.num_attention_heads
+    patterns = None
+    if "mminference" in kind:
+        heads = case_heads(H)
+        patterns = PatternConfig(model_id="tiny", num_layers=L, num_heads=H, layers=(heads,) * L)
+    policy = None
+    if "trianglemix" in kind:
+        shallow = "dynamic" if patterns is not None else "dense"
+        policy = LayerPolicy.triangle_from(L, start_layer, shallow=shallow, sink=2, window=8)
+    return HostSparsity(patterns=patterns, policy=policy, block=8)

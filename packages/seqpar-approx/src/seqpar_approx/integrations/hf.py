@@ -12,6 +12,11 @@ baseline in every layer, each rank holding its shard of the hidden states.
   where each new token's attention is split over ranks (each key counted once) and LSE-merged,
   so decoding is exact over the KV cache that the (approximate) prefill produced.
 
+``sparsity=HostSparsity(...)`` runs each host's own rows with TriangleMix and/or MMInference
+(see :mod:`seqpar_approx.host_attention`); the query block stays exact. ``sharded_generate``
+counts the prefill's time per section (attention, estimation, MLP, communication: see
+:mod:`seqpar_approx.timing`).
+
 The attention function reads what it needs from the active state set by :func:`use_spava`.
 """
 
@@ -27,9 +32,11 @@ from sparse_kernels import attention, merge_attention
 from .._comm import all_gather, all_gather_uneven, world
 from ..baselines import zigzag_ring_attention
 from ..config import SpavaConfig
+from ..host_attention import DENSE, HostSparsity
 from ..layout import SpavaLayout, split_frames
 from ..methods import METHODS, layout_for
 from ..spava import simulate_spava_attention, spava_attention
+from ..timing import SectionTimer, section
 
 ATTN_NAME = "seqpar_approx"
 
@@ -47,6 +54,16 @@ class _State:
     on_layer: object = None
     timings: dict = field(default_factory=dict)
     events: list = field(default_factory=list)
+    sparsity: HostSparsity | None = None
+    token_layout: object = None  # sparse_patterns.TokenLayout of the prompt (None: text)
+    timer: SectionTimer | None = None  # the prefill's sections; None while decoding
+
+    def host_attention(self, layer):
+        if self.sparsity is None:
+            return DENSE
+        if layer is None:
+            raise ValueError("sparse host attention needs the module's layer_idx, got None")
+        return self.sparsity.for_layer(layer, self.token_layout)
 
     def attention_seconds(self) -> float:
         """Time spent in attention (CUDA events on GPU; call after a synchronize)."""
@@ -96,27 +113,8 @@ def _attention_fn(module, query, key, value, attention_mask, scaling=None, dropo
         ev0.record()
     t0 = time.perf_counter()
     if query.shape[2] == key.shape[2]:  # prefill of the local rows
-        if st.method == "dense":
-            out = attention(query, key, value, causal=True, scale=scaling, impl=st.impl).out
-        elif st.simulate:
-            out = simulate_spava_attention(
-                query, key, value, st.layout, st.config, scale=scaling, impl=st.impl
-            ).out
-        elif st.method == "ring":
-            out = zigzag_ring_attention(
-                query,
-                key,
-                value,
-                st.layout,
-                st.group,
-                overlap_comm=st.config.overlap_comm,
-                scale=scaling,
-                impl=st.impl,
-            ).out
-        else:
-            out = spava_attention(
-                query, key, value, st.layout, st.config, st.group, scale=scaling, impl=st.impl
-            ).out
+        with section(st.timer, "attention"):
+            out = _prefill_attention(st, layer, query, key, value, scaling)
     else:
         out = _decode_attention(st, query, key, value, scaling)
     if cuda:
@@ -128,6 +126,45 @@ def _attention_fn(module, query, key, value, attention_mask, scaling=None, dropo
     if st.on_layer is not None:
         st.on_layer(layer)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _prefill_attention(st: _State, layer, query, key, value, scaling):
+    if st.method == "dense":
+        return attention(query, key, value, causal=True, scale=scaling, impl=st.impl).out
+    if st.simulate:
+        return simulate_spava_attention(
+            query,
+            key,
+            value,
+            st.layout,
+            st.config,
+            scale=scaling,
+            impl=st.impl,
+            host_attention=st.host_attention(layer),
+        ).out
+    if st.method == "ring":
+        return zigzag_ring_attention(
+            query,
+            key,
+            value,
+            st.layout,
+            st.group,
+            overlap_comm=st.config.overlap_comm,
+            scale=scaling,
+            impl=st.impl,
+        ).out
+    return spava_attention(
+        query,
+        key,
+        value,
+        st.layout,
+        st.config,
+        st.group,
+        scale=scaling,
+        impl=st.impl,
+        host_attention=st.host_attention(layer),
+        timer=st.timer,
+    ).out
 
 
 def _no_mask(*args, **kwargs):
@@ -197,12 +234,18 @@ def use_spava(
     impl: str = "auto",
     on_layer=None,
     simulate: bool = False,
+    sparsity: HostSparsity | None = None,
+    token_layout=None,
+    timer: SectionTimer | None = None,
 ) -> Handle:
     """Make every attention layer of ``model``'s language model run ``method`` on this rank's shard.
 
     ``layout``/``config`` come from :func:`layout_for` (``dense`` needs neither).
     ``simulate=True``: one process holds the full sequence and runs
     :func:`simulate_spava_attention` (spava / star / apb) — the reference for the distributed run.
+    ``sparsity``: the host attention step of each layer (spava / star / apb); ``token_layout``:
+    the prompt's ``sparse_patterns.TokenLayout`` its MMInference layers estimate with (None:
+    text). ``timer``: where the prefill's attention time is counted, per section.
     Returns a :class:`Handle` restoring the previous attention implementation.
     """
     if simulate and method in ("dense", "ring"):
@@ -216,6 +259,8 @@ def use_spava(
             "fused_query=False at the HF model level (two forward passes per layer); the "
             "unfused ablation exists only in benchmarks/bench_spava.py's layer stack"
         )
+    if sparsity is not None:
+        _check_sparsity(model, method, sparsity)
     register()
     rank, _ = world(group)
     if simulate or method == "dense":
@@ -233,6 +278,9 @@ def use_spava(
         impl=impl,
         simulate=simulate,
         on_layer=on_layer,
+        sparsity=sparsity,
+        token_layout=token_layout,
+        timer=timer,
     )
     lm = language_model(model)
     configs = {}
@@ -252,6 +300,64 @@ def use_spava(
     h = Handle(undo)
     h.state = st
     return h
+
+
+def _check_sparsity(model, method: str, sparsity) -> None:
+    if not isinstance(sparsity, HostSparsity):
+        raise TypeError(f"sparsity: expected a HostSparsity, got {type(sparsity).__name__}")
+    if method not in ("spava", "star", "apb"):
+        raise ValueError(
+            f"sparsity: expected method 'spava', 'star' or 'apb' (hosts with their own rows), "
+            f"got {method!r}"
+        )
+    cfg = language_model(model).config
+    if sparsity.num_layers != cfg.num_hidden_layers:
+        raise ValueError(
+            f"sparsity: expected {cfg.num_hidden_layers} layers (the model's), got "
+            f"{sparsity.num_layers}"
+        )
+    if sparsity.patterns is not None and sparsity.patterns.num_heads != cfg.num_attention_heads:
+        raise ValueError(
+            f"sparsity.patterns: expected {cfg.num_attention_heads} heads (the model's), got "
+            f"{sparsity.patterns.num_heads}"
+        )
+
+
+def prompt_token_layout(model, inputs: dict, seq_len: int):
+    """The ``sparse_patterns.TokenLayout`` of a prompt: per-token modality and the video's
+    tokens per frame (Qwen2-VL / Qwen2.5-VL inputs), or None for a text prompt."""
+    if "pixel_values_videos" not in inputs and "pixel_values" not in inputs:
+        return None
+    from modality_index.integrations.hf import layout_from_hf
+    from sparse_patterns import TokenLayout
+
+    lay = layout_from_hf(model.config, inputs["input_ids"][0].cpu(), **{
+        k: v.cpu() for k, v in inputs.items()
+        if k in ("image_grid_thw", "video_grid_thw", "mm_token_type_ids")
+    })  # fmt: skip
+    if lay.modality.shape[0] != seq_len:
+        raise ValueError(
+            f"prompt layout: expected {seq_len} tokens (the embeddings'), got {lay.modality.shape[0]}"
+        )
+    dev = next(model.parameters()).device
+    return TokenLayout(lay.modality.to(dev), lay.tokens_per_frame)
+
+
+def _mlp_hooks(model, timer: SectionTimer) -> Handle:
+    """Count each decoder layer's ``mlp`` in ``timer``'s ``"mlp"`` section."""
+    hooks = []
+    for layer in getattr(language_model(model), "layers", []):
+        mlp = getattr(layer, "mlp", None)
+        if mlp is None:
+            continue
+        hooks.append(mlp.register_forward_pre_hook(lambda m, a: timer.enter("mlp")))
+        hooks.append(mlp.register_forward_hook(lambda m, a, o: timer.exit("mlp")))
+
+    def undo():
+        for h in hooks:
+            h.remove()
+
+    return Handle(undo)
 
 
 # ---- frame-parallel vision -----------------------------------------------------------------------
@@ -353,7 +459,9 @@ class GenerationResult:
     """Greedy tokens and this rank's timings in seconds: ``ttft_s = vision_s + prefill_s``
     (vision encoder and prompt embedding, then the language model over the prompt up to the
     first token); ``attention_s`` is the part of ``prefill_s`` spent in attention;
-    ``decode_s`` covers the tokens after the first."""
+    ``decode_s`` covers the tokens after the first. ``sections``: the prefill's exclusive time
+    per section (``attention``, ``estimation``, ``mlp``, ``communication``; see
+    :mod:`seqpar_approx.timing`), the sections the run used."""
 
     tokens: list[int]
     ttft_s: float
@@ -364,6 +472,7 @@ class GenerationResult:
     seq_len: int
     layout: SpavaLayout | None
     first_logits: torch.Tensor  # next-token logits after the prompt, float32 [vocab] (rank 0's)
+    sections: dict = field(default_factory=dict)
 
 
 def sharded_generate(
@@ -379,6 +488,7 @@ def sharded_generate(
     impl: str = "auto",
     watchdog=None,
     simulate_hosts: int | None = None,
+    sparsity: HostSparsity | None = None,
 ) -> GenerationResult:
     """Prefill ``inputs`` (processor output, batch 1) sharded over the ranks of ``group`` with
     ``method``, then greedy-decode up to ``max_new_tokens``; every rank returns the same tokens.
@@ -387,6 +497,7 @@ def sharded_generate(
     (``frame_parallel_vision``, ``overlap_comm``, ``anchor_len``, ``passing_len``).
     ``simulate_hosts=H``: run this process alone with the single-process simulation of ``method``
     over ``H`` hosts (the reference the distributed run must match).
+    ``sparsity``: TriangleMix / MMInference inside every host (:class:`HostSparsity`).
     """
     rank, size = world(group)
     solo = simulate_hosts is not None or size == 1  # no collective at all in this call
@@ -397,6 +508,8 @@ def sharded_generate(
     beat = watchdog.beat if watchdog is not None else (lambda phase: None)
     if method == "dense" and size != 1:
         raise ValueError(f"method 'dense' runs on one process, the group has {size} ranks")
+    if sparsity is not None:
+        _check_sparsity(model, method, sparsity)
     fp = config.frame_parallel_vision if config is not None else True
     sync()
     t0 = time.perf_counter()
@@ -421,11 +534,16 @@ def sharded_generate(
         local_pos = layout.shard(pos, rank, dim=pos.ndim - 1)
     else:
         local_embeds, local_pos = embeds, pos
+    token_layout = None
+    if sparsity is not None and sparsity.patterns is not None:
+        token_layout = prompt_token_layout(model, inputs, n)
     tf = _transformers()
     cache = tf.DynamicCache()
     lm = language_model(model)
     head = model.get_output_embeddings()
+    timer = SectionTimer(dev)
     with (
+        _mlp_hooks(model, timer) as mlp_hooks,
         use_spava(
             model,
             method=method,
@@ -435,6 +553,9 @@ def sharded_generate(
             impl=impl,
             on_layer=lambda i: beat(f"layer {i}"),
             simulate=simulate_hosts is not None and method != "dense",
+            sparsity=sparsity,
+            token_layout=token_layout,
+            timer=timer,
         ) as h,
         torch.no_grad(),
     ):
@@ -452,6 +573,9 @@ def sharded_generate(
         t_first = time.perf_counter()
         # read before decoding: attention_s is the part of the prefill spent in attention
         att = h.state.attention_seconds()
+        sections = timer.seconds()
+        h.state.timer = None  # decoding is not part of the prefill's sections
+        mlp_hooks.remove()
         tokens = [int(tok)]
         nxt = int(pos.max()) + 1
         for step in range(max_new_tokens - 1):
@@ -474,6 +598,7 @@ def sharded_generate(
         seq_len=n,
         layout=layout,
         first_logits=first_logits,
+        sections=sections,
     )
 
 

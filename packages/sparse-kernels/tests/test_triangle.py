@@ -158,8 +158,8 @@ def test_matches_flex_attention_on_gpu():
 
 
 def _run_config(q, k, v, cfg, *, sink, window, L, chunk):
-    """One launch of the fused kernel with an explicit config (no autotuning) plus the merge, on
-    outputs poisoned with NaN; returns (out, lse)."""
+    """One launch of the fused kernel with an explicit config plus the merge, on outputs poisoned
+    with NaN; returns (out, lse)."""
     import triton
     from sparse_kernels._triton.config import block_d
     from sparse_kernels.triangle import triton as tri
@@ -174,10 +174,10 @@ def _run_config(q, k, v, cfg, *, sink, window, L, chunk):
     lse = poison_(torch.empty(B, H, S_Q, device=q.device))
     ws_out = torch.empty(B * H, max(n_chunks, 1), max(L, 1), D, device=q.device)
     ws_lse = torch.empty(B * H, max(n_chunks, 1), max(L, 1), device=q.device)
-    grid = tri.fwd_grid(B, H, S_Q, L, n_chunks)(cfg)
-    tri._triangle_fwd_kernel.fn[grid](
+    grid = tri.fwd_grid(B, H, S_Q, L, n_chunks, cfg["BLOCK_M"])
+    tri._triangle_fwd_kernel[grid](
         q, k, v, out, lse, ws_out, ws_lse, *q.stride(), *k.stride(), *v.stride(),
-        *out.stride(), B, H, H // H_KV, S_Q, S_KV, D**-0.5, sink, window, L, n_chunks, chunk, 0,
+        *out.stride(), B, H, H // H_KV, S_Q, S_KV, D**-0.5, sink, window, L, n_chunks, chunk,
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32, SINK_N=tri.sink_tile(sink),
         num_warps=w, num_stages=st, **cfg,
     )  # fmt: skip
@@ -191,7 +191,7 @@ def _run_config(q, k, v, cfg, *, sink, window, L, chunk):
 
 @pytest.mark.parametrize("sink,window", [(8, 100), (40, 64), (0, 33), (130, 96)])
 def test_explicit_config_is_exact(sink, window):
-    # One explicit tile config (no autotuning), one or several sink tiles (16 / 32 keys), on the
+    # One explicit tile config, one or several sink tiles (16 / 32 keys), on the
     # interpreter config (CPU) or a GPU tile.
     if DEV.type == "cpu":
         cfg = dict(BLOCK_M=64, BLOCK_N=32)
@@ -208,27 +208,36 @@ def test_explicit_config_is_exact(sink, window):
 
 
 @pytest.mark.gpu
-def test_every_autotune_config_is_correct():
-    # Autotuning may pick any config of the list: each one must compute the same function.
-    from sparse_kernels.triangle import triton as tri
+def test_every_candidate_config_is_correct():
+    # A tuned table may name any candidate: each one must compute the same function.
+    from sparse_kernels.triangle.triton import SPEC
     from triton.runtime.errors import OutOfResources
 
     S, L = 3000, 130
+    ref = dict(sink=8, window=300, last=L)
     q, k, v = make_qkv(1, 8, 2, S, S, 128, dtype=torch.bfloat16, device=DEV, seed=3)
-    gold = triangle_attention_reference(
-        q, k, v, sink=8, window=300, last=L, compute_dtype=torch.float64
-    )
-    low = triangle_attention_reference(q, k, v, sink=8, window=300, last=L, compute_dtype=q.dtype)
+    gold = triangle_attention_reference(q, k, v, **ref, compute_dtype=torch.float64)
+    low = triangle_attention_reference(q, k, v, **ref, compute_dtype=q.dtype)
     skipped = []
-    for cfg in tri._GPU_CONFIGS:
+    for cfg in SPEC.candidates:
         try:
-            out, _ = _run_config(q, k, v, cfg, sink=8, window=300, L=L, chunk=1024)
+            out, _ = _launch_triangle_fwd(q, k, v, **ref, scale=128**-0.5, chunk=1024, config=cfg)
         except OutOfResources:
-            # The autotuner skips a config that does not fit this GPU's shared memory the same way.
-            skipped.append(cfg)
+            # The tuner skips a candidate that overflows this GPU's shared memory the same way.
+            skipped.append(str(cfg))
             continue
         assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))
-    assert len(skipped) < len(tri._GPU_CONFIGS), f"no config fits this GPU: {skipped}"
+    # The config of a GPU without a tuned entry must run.
+    assert str(SPEC.safe(())) not in skipped, f"the safe config does not fit this GPU: {skipped}"
+
+
+def test_launch_config_key_tile_must_divide_the_chunks():
+    from sparse_kernels.tuning import LaunchConfig
+
+    q, k, v = make_qkv(1, 2, 1, 128, 128, 64, dtype=torch.float16, device="meta", seed=0)
+    wide = LaunchConfig.of(BLOCK_M=64, BLOCK_N=256, num_warps=4, num_stages=3)
+    with pytest.raises(ValueError, match=r"BLOCK_N must divide 128, got BLOCK_M=64 BLOCK_N=256"):
+        _launch_triangle_fwd(q, k, v, sink=4, window=8, last=0, scale=0.125, config=wide)
 
 
 # Program order (heads of one KV group side by side, split programs first) on forced tile configs,

@@ -18,22 +18,37 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import bench_config, block_d, configs, prune_fp32, seq_bucket
+from .._triton.config import FP32_CONFIG, block_d
 from .._triton.inner import _attn_tile_inner, _finish_rows
 from .._validate import check_int32_key_offsets
+from ..tuning import KernelSpec, LaunchConfig, choose_config
 
-_GPU_CONFIGS = [
-    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-    dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
-    # Narrow key tiles: 3.87 ms against 4.67 for 128x64 at 128K on an H100 (tune-triangle-pack JSON).
-    dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
-]
-_INTERP_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
-# Key chunks of the dense last rows are a multiple of every BLOCK_N above.
+# Key chunks of the dense last rows are a multiple of every candidate's BLOCK_N.
 _CHUNK_ALIGN = 128
+
+
+def _key_tile_divides_chunks(config: LaunchConfig, blocks: tuple[int, ...] = ()) -> bool:
+    """A split program walks its key chunk (a multiple of _CHUNK_ALIGN keys) in BLOCK_N tiles."""
+    return _CHUNK_ALIGN % config["BLOCK_N"] == 0
+
+
+# Launch configs: looked up per GPU, shape and length in the tuned tables (sparse_kernels.tuning);
+# a tuning run times these candidates.
+SPEC = KernelSpec(
+    name="triangle",
+    candidates=(
+        LaunchConfig.of(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+        LaunchConfig.of(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+        LaunchConfig.of(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+        LaunchConfig.of(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+        LaunchConfig.of(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
+        # Narrow key tiles: 3.87 ms against 4.67 for 128x64 at 128K on an H100.
+        LaunchConfig.of(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
+    ),
+    interpreter=LaunchConfig.of(BLOCK_M=64, BLOCK_N=32),
+    fp32=LaunchConfig.of(**FP32_CONFIG, num_warps=4, num_stages=1),
+    fits=_key_tile_divides_chunks,
+)
 
 
 @triton.jit
@@ -48,12 +63,6 @@ def _tile_ptrs(base, b, h, rows, offs_d, stride_b, stride_h, stride_s, stride_d)
     )
 
 
-@triton.autotune(
-    configs=configs(_GPU_CONFIGS, _INTERP_CONFIG),
-    key=["D", "IEEE", "SINK_N", "SEQ_BUCKET"],
-    do_bench=bench_config,
-    prune_configs_by={"early_config_prune": prune_fp32},
-)
 @triton.jit
 def _triangle_fwd_kernel(
     q_ptr,
@@ -90,7 +99,6 @@ def _triangle_fwd_kernel(
     L,
     n_chunks,
     chunk,
-    SEQ_BUCKET,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IEEE: tl.constexpr,
@@ -293,15 +301,11 @@ def default_chunk(S_KV: int) -> int:
     return triton.cdiv(want, _CHUNK_ALIGN) * _CHUNK_ALIGN
 
 
-def fwd_grid(B: int, H: int, S_Q: int, L: int, n_chunks: int):
-    """Grid of ``_triangle_fwd_kernel`` for a config: the split programs of every head, then the
-    A-shape programs of every (batch, head, row tile)."""
-
-    def grid(meta):
-        n_split = B * H * triton.cdiv(L, meta["BLOCK_M"]) * n_chunks
-        return (n_split + B * H * triton.cdiv(S_Q - L, meta["BLOCK_M"]),)
-
-    return grid
+def fwd_grid(B: int, H: int, S_Q: int, L: int, n_chunks: int, block_m: int) -> tuple[int]:
+    """Grid of ``_triangle_fwd_kernel`` for BLOCK_M = ``block_m``: the split programs of every
+    head, then the A-shape programs of every (batch, head, row tile)."""
+    n_split = B * H * triton.cdiv(L, block_m) * n_chunks
+    return (n_split + B * H * triton.cdiv(S_Q - L, block_m),)
 
 
 def _launch_triangle_fwd(
@@ -314,10 +318,21 @@ def _launch_triangle_fwd(
     last: int,
     scale: float,
     chunk: int | None = None,
+    config: LaunchConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
+    the tuner run each candidate)."""
     check_int32_key_offsets(k, v, "triangle_attention")
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
+    if config is None:
+        config = choose_config(
+            SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S_KV
+        )
+    elif not _key_tile_divides_chunks(config):
+        raise ValueError(
+            f"triangle_attention: launch config BLOCK_N must divide {_CHUNK_ALIGN}, got {config}"
+        )
     L = min(last, S_Q)
     chunk = default_chunk(S_KV) if chunk is None else chunk
     if chunk <= 0 or chunk % _CHUNK_ALIGN:
@@ -330,11 +345,12 @@ def _launch_triangle_fwd(
     )
     ws_lse = torch.empty((B * H, max(n_chunks, 1), max(L, 1)), dtype=torch.float32, device=q.device)
 
-    _triangle_fwd_kernel[fwd_grid(B, H, S_Q, L, n_chunks)](
+    _triangle_fwd_kernel[fwd_grid(B, H, S_Q, L, n_chunks, config["BLOCK_M"])](
         q, k, v, out, lse, ws_out, ws_lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        B, H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk, seq_bucket(S_KV),
+        B, H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk,
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32, SINK_N=sink_tile(sink),
+        **config.launch_kwargs(),
     )  # fmt: skip
     if L > 0:
         BLOCK_R = 32

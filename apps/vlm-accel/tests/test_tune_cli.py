@@ -4,7 +4,6 @@ the warmup's plan, and the compile status line. CPU only: no kernel is timed or 
 from __future__ import annotations
 
 import io
-import json
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -87,22 +86,20 @@ def test_bad_input_is_one_line_and_its_exit_code(capsys, monkeypatch, argv, code
 def test_attention_shape_of_a_preset_the_tiny_model_and_a_checkpoint(tmp_path):
     from vlm_accel.models import tiny_config
 
-    assert kernels.attention_shape("smollm2-135m", None) == kernels.AttentionShape(
+    assert kernels.attention_shape("smollm2-135m", "bfloat16") == kernels.AttentionShape(
         9, 3, 64, None, "bfloat16"
     )
     cfg = tiny_config("qwen2_5_vl")
     text = cfg.get_text_config()
-    got = kernels.attention_shape("tiny", "float16")
-    assert got == kernels.AttentionShape(
+    want = kernels.AttentionShape(
         text.num_attention_heads, text.num_key_value_heads,
         text.hidden_size // text.num_attention_heads, text.num_hidden_layers, "float16",
     )  # fmt: skip
+    assert kernels.attention_shape("tiny", "float16") == want
     cfg.save_pretrained(tmp_path)
-    data = json.loads((tmp_path / "config.json").read_text())
-    data["text_config"]["dtype"] = "float16"
-    (tmp_path / "config.json").write_text(json.dumps(data))
-    assert kernels.attention_shape(str(tmp_path), None).dtype == "float16"
-    assert kernels.attention_shape(str(tmp_path), "bfloat16").dtype == "bfloat16"
+    assert kernels.attention_shape(str(tmp_path), "float16") == want
+    # warmup's default: the dtype run computes in (the tiny model is float32)
+    assert (kernels.run_dtype("tiny"), kernels.run_dtype(str(tmp_path))) == ("float32", "bfloat16")
 
 
 def test_warmup_lengths_add_a_length_off_the_multiples_of_16():

@@ -517,7 +517,7 @@ def cmd_tune(args) -> int:
 
 
 def cmd_warmup(args) -> int:
-    shape = kernels.attention_shape(args.model, args.dtype)
+    shape = kernels.attention_shape(args.model, args.dtype or kernels.run_dtype(args.model))
     cfg = args.pattern_config
     if cfg is not None and (
         cfg.num_heads != shape.heads or shape.layers not in (None, cfg.num_layers)
@@ -918,7 +918,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     t = _subparser(sub, "tune", "tune the sparse kernels' launch configs for a model on this GPU")
-    _kernel_args(t, "lengths of the prompts to tune for, comma-separated, e.g. 128K,1M")
+    _kernel_args(t, "lengths of the prompts to tune for, comma-separated, e.g. 128K,1M",
+                 ("bfloat16", "float16"), "bfloat16", "q/k/v dtype of the runs to tune for")  # fmt: skip
     t.add_argument(
         "--ops",
         type=kernels.parse_ops,
@@ -934,7 +935,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_tune)
 
     u = _subparser(sub, "warmup", "compile the GPU kernels a prefill will use, before it")
-    _kernel_args(u, "prompt lengths the later runs will have, comma-separated, e.g. 128K,1M")
+    _kernel_args(u, "prompt lengths the later runs will have, comma-separated, e.g. 128K,1M",
+                 DTYPES, None, "dtype of the later runs (default: what run uses: float32 for tiny, "
+                 "else bfloat16, run's --dtype default)")  # fmt: skip
     u.add_argument("--method", choices=METHODS, default="trianglemix",
                    help="attention method of the later runs")  # fmt: skip
     u.add_argument("--config", help="pattern config of the mminference methods (default: none)")
@@ -951,7 +954,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _kernel_args(sp, lengths_help: str) -> None:
+def _kernel_args(sp, lengths_help: str, dtypes: tuple[str, ...], dtype: str | None,
+                 dtype_help: str) -> None:  # fmt: skip
     """Flags shared by tune and warmup."""
     sp.add_argument(
         "--model",
@@ -959,11 +963,7 @@ def _kernel_args(sp, lengths_help: str) -> None:
         help=f"checkpoint directory, 'tiny', or a model name: {', '.join(kernels.PRESETS)}",
     )
     sp.add_argument("--lengths", type=kernels.parse_lengths, required=True, help=lengths_help)
-    sp.add_argument(
-        "--dtype",
-        choices=("bfloat16", "float16"),
-        help="q/k/v dtype (default: the checkpoint's when 16-bit, else bfloat16)",
-    )
+    sp.add_argument("--dtype", choices=dtypes, default=dtype, help=dtype_help)
     sp.add_argument("--device", type=_device_name, help="cuda or cuda:N (default: cuda)")
     sp.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
                     help="no status or progress lines on stderr")  # fmt: skip

@@ -68,14 +68,20 @@ def parse_ops(text: str) -> list[str]:
     return list(dict.fromkeys(ops))
 
 
-def attention_shape(model: str, dtype: str | None) -> AttentionShape:
+def run_dtype(model: str) -> str:
+    """The dtype ``vlm-accel run`` computes in: the tiny model's float32, else the default of
+    its ``--dtype`` (bfloat16), whatever the checkpoint's config says."""
+    return "float32" if model == "tiny" else "bfloat16"
+
+
+def attention_shape(model: str, dtype: str) -> AttentionShape:
     """The attention shape of ``model``: a preset name, ``"tiny"`` or a checkpoint directory
-    (its text config: heads, KV heads, head dim, layers and, unless ``dtype`` is given, dtype)."""
+    (its text config: heads, KV heads, head dim, layers), in ``dtype``."""
     if model in PRESETS:
         from sparse_kernels.tuning import MODEL_SHAPES
 
         s = MODEL_SHAPES[model]
-        return AttentionShape(s.heads, s.kv_heads, s.head_dim, None, dtype or "bfloat16")
+        return AttentionShape(s.heads, s.kv_heads, s.head_dim, None, dtype)
     import transformers
 
     if model == "tiny":
@@ -91,10 +97,6 @@ def attention_shape(model: str, dtype: str | None) -> AttentionShape:
     H = text.num_attention_heads
     H_KV = getattr(text, "num_key_value_heads", None) or H
     D = getattr(text, "head_dim", None) or text.hidden_size // H
-    if dtype is None:
-        own = getattr(text, "dtype", None) or getattr(cfg, "dtype", None)
-        own = str(own).removeprefix("torch.") if own is not None else "bfloat16"
-        dtype = own if own in ("bfloat16", "float16") else "bfloat16"
     return AttentionShape(H, H_KV, D, text.num_hidden_layers, dtype)
 
 

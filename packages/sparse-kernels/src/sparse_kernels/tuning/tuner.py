@@ -54,13 +54,14 @@ def _default_timer(call: Callable[[], object]) -> float:
 
 def _failures_to_skip() -> tuple[type[BaseException], ...]:
     """Errors a candidate may raise without stopping the run: Triton's out-of-resources (shared
-    memory, registers) and compilation errors."""
+    memory, registers), ptxas and compilation errors."""
     import triton
 
     kinds: list[type[BaseException]] = []
     runtime = getattr(getattr(triton, "runtime", None), "errors", None)
-    if runtime is not None and hasattr(runtime, "OutOfResources"):
-        kinds.append(runtime.OutOfResources)
+    for name in ("OutOfResources", "PTXASError"):
+        if runtime is not None and hasattr(runtime, name):
+            kinds.append(getattr(runtime, name))
     compiler = getattr(getattr(triton, "compiler", None), "errors", None)
     if compiler is not None and hasattr(compiler, "CompilationError"):
         kinds.append(compiler.CompilationError)

@@ -29,16 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.config import (
-    FP32_CONFIG,
-    LOG2E,
-    autotune_off,
-    bench_config,
-    block_d,
-    configs,
-    on_interpreter,
-)
+from .._triton.config import FP32_CONFIG, LOG2E, block_d, on_interpreter
 from .._triton.launch import launch
+from ..tuning import KernelSpec, LaunchConfig, choose_config
 
 # Line folds (one pass). Keys are cut into segments of ``seg`` positions (a multiple of the period),
 # each segment into sub-tiles of BLOCK_N; a program owns one sub-tile position t of a run of
@@ -60,13 +53,24 @@ _FOLD_INTERIOR = True
 _FOLD_HEADS = 0
 
 
-def _prune_lines(configs_, named_args, **kwargs):
-    """fp32 (exact dots) and autotune-off runs: the smallest config."""
-    if on_interpreter():
-        return configs_
-    if named_args["q_ptr"].dtype == torch.float32 or autotune_off():
-        return [min(configs_, key=lambda c: (c.kwargs["OB_PER"], c.num_warps))]
-    return configs_
+# Launch configs of pass 2 (``_lines_kernel``, offset blocks per program OB_PER): looked up per
+# GPU, shape and length in the tuned tables (sparse_kernels.tuning), per row block (the table
+# variant "rows<BLOCK_L>"); a tuning run times these candidates.
+SPEC = KernelSpec(
+    name="line_scores",
+    candidates=(
+        LaunchConfig.of(OB_PER=4, num_warps=4, num_stages=1),
+        LaunchConfig.of(OB_PER=16, num_warps=4, num_stages=1),
+        LaunchConfig.of(OB_PER=16, num_warps=4, num_stages=3),
+        LaunchConfig.of(OB_PER=16, num_warps=8, num_stages=3),
+        LaunchConfig.of(OB_PER=64, num_warps=4, num_stages=3),
+        LaunchConfig.of(OB_PER=16, num_warps=2, num_stages=3),
+        LaunchConfig.of(OB_PER=64, num_warps=2, num_stages=3),
+    ),
+    interpreter=LaunchConfig.of(OB_PER=2),
+    # fp32 (exact dots, slow to compile): the shortest run of offset blocks.
+    fp32=LaunchConfig.of(OB_PER=4, num_warps=4, num_stages=1),
+)
 
 
 @triton.jit
@@ -269,23 +273,6 @@ def _prob_tile(
     return p, j
 
 
-@triton.autotune(
-    configs=configs(
-        [
-            dict(OB_PER=4, num_warps=4, num_stages=1),
-            dict(OB_PER=16, num_warps=4, num_stages=1),
-            dict(OB_PER=16, num_warps=4, num_stages=3),
-            dict(OB_PER=16, num_warps=8, num_stages=3),
-            dict(OB_PER=64, num_warps=4, num_stages=3),
-            dict(OB_PER=16, num_warps=2, num_stages=3),
-            dict(OB_PER=64, num_warps=2, num_stages=3),
-        ],
-        dict(OB_PER=2),
-    ),
-    key=["D", "BLOCK_L", "IEEE"],
-    do_bench=bench_config,
-    prune_configs_by={"early_config_prune": _prune_lines},
-)
 @triton.jit
 def _lines_kernel(
     q_ptr,
@@ -367,9 +354,10 @@ def line_scores_triton(
     row_start: int,
     *,
     scale: float,
-    config: triton.Config | None = None,
+    config: LaunchConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``config``: run pass 2 with this autotune config instead of tuning (tests)."""
+    """``config``: pass 2's launch config instead of the looked-up one (tests and the tuner run
+    each candidate)."""
     B, H, L, D = q_rows.shape
     H_KV, S = k.shape[1], k.shape[2]
     q_rows = q_rows if q_rows.stride(-1) == 1 else q_rows.contiguous()
@@ -409,16 +397,14 @@ def line_scores_triton(
         k.stride(0), k.stride(1), k.stride(2),
         H, H // H_KV, L, S, row_start, n_ob, qk_scale,
     )  # fmt: skip
-    meta = dict(D=D, BLOCK_D=BD, BLOCK_L=BLOCK_L, BO=BO, IEEE=ieee)
     if config is None:
-        grid = lambda m: (triton.cdiv(n_ob, m["OB_PER"]) * G, B * H_KV)  # noqa: E731
-        _lines_kernel[grid](*args, **meta)
-    else:
-        grid = (triton.cdiv(n_ob, config.kwargs["OB_PER"]) * G, B * H_KV)
-        _lines_kernel.fn[grid](
-            *args, **meta, **config.kwargs, num_warps=config.num_warps,
-            num_stages=config.num_stages,
+        config = choose_config(
+            SPEC, device=dev, head_dim=D, dtype=q_rows.dtype, group=G, seq_len=S,
+            variant=f"rows{BLOCK_L}",
         )  # fmt: skip
+    _lines_kernel[(triton.cdiv(n_ob, config["OB_PER"]) * G, B * H_KV)](
+        *args, D=D, BLOCK_D=BD, BLOCK_L=BLOCK_L, BO=BO, IEEE=ieee, **config.launch_kwargs()
+    )
     return vert.reshape(B, H, S), slash.reshape(B, H, S)
 
 

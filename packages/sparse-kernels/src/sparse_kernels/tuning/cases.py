@@ -329,7 +329,8 @@ def _line_scores(shape: TuneShape, S: int, device: torch.device) -> Prepared:
     def run(config: LaunchConfig):
         return line_scores_triton(rows, k, S - L, scale=scale, config=config)
 
-    return Prepared("line_scores", "", (), S, run)
+    # the launcher's variant: its row tile, the power of two holding L rows (at least 16)
+    return Prepared("line_scores", f"rows{max(16, 1 << (L - 1).bit_length())}", (), S, run)
 
 
 CASES = {

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import sys
@@ -199,45 +200,47 @@ def tune(
     tuned: dict[tuple, TableEntry] = {}
     skipped: list[tuple] = []
     failures: list[Failure] = []
-    for op in ops:
-        case = cases[op]
-        spec = case.spec()
-        for S in lengths:
-            prepared = case.prepare(shape, S, device)
-            key = _key(prepared, shape)
-            if key in tuned:  # two lengths of one bucket: the shorter one decided
-                continue
-            if key in have and not force:
-                skipped.append(key)
-                log(f"tune {_label(key)} @{S}: in {path} already (--force tunes it again)")
-                continue
-            configs = (
-                list(candidates[op])
-                if candidates is not None and op in candidates
-                else spec.fitting(prepared.blocks)
-            )
-            times: dict[LaunchConfig, float] = {}
-            errors = []
-            for config in configs:
-                try:
-                    times[config] = float(timer(functools.partial(prepared.run, config)))
-                except skip_errors as e:
-                    msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                    failures.append(Failure(key, config, f"{type(e).__name__}: {msg}"))
-                    errors.append(f"{config}: {type(e).__name__}")
-            if not times:
-                why = "; ".join(errors) or f"none fits the blocks {prepared.blocks}"
-                raise RuntimeError(f"tune {_label(key)} @{S}: no candidate ran ({why})")
-            others = [e for e in (*have.values(), *tuned.values()) if e.key != key]
-            chosen = pick(times, _neighbours(key, others))
-            entry = TableEntry(*key, config=chosen, seq_len=S, ms=times[chosen])
-            tuned[key] = entry
-            best = min(times.values())
-            note = "" if times[chosen] == best else f" (neighbour bucket's; best {best:.3f} ms)"
-            fail = f"; {len(errors)} failed: {', '.join(errors)}" if errors else ""
-            log(f"tune {_label(key)} @{S}: {chosen} {times[chosen]:.3f} ms{note}, "
-                f"{len(times)} timed{fail}")  # fmt: skip
-            del prepared  # the next length's inputs are allocated without these
+    # Triton launches on the current device, not on the tensors' device.
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        for op in ops:
+            case = cases[op]
+            spec = case.spec()
+            for S in lengths:
+                prepared = case.prepare(shape, S, device)
+                key = _key(prepared, shape)
+                if key in tuned or key in skipped:  # a bucket's shortest length decides for it
+                    continue
+                if key in have and not force:
+                    skipped.append(key)
+                    log(f"tune {_label(key)} @{S}: in {path} already (--force tunes it again)")
+                    continue
+                configs = (
+                    list(candidates[op])
+                    if candidates is not None and op in candidates
+                    else spec.fitting(prepared.blocks)
+                )
+                times: dict[LaunchConfig, float] = {}
+                errors = []
+                for config in configs:
+                    try:
+                        times[config] = float(timer(functools.partial(prepared.run, config)))
+                    except skip_errors as e:
+                        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                        failures.append(Failure(key, config, f"{type(e).__name__}: {msg}"))
+                        errors.append(f"{config}: {type(e).__name__}")
+                if not times:
+                    why = "; ".join(errors) or f"none fits the blocks {prepared.blocks}"
+                    raise RuntimeError(f"tune {_label(key)} @{S}: no candidate ran ({why})")
+                others = [e for e in (*have.values(), *tuned.values()) if e.key != key]
+                chosen = pick(times, _neighbours(key, others))
+                entry = TableEntry(*key, config=chosen, seq_len=S, ms=times[chosen])
+                tuned[key] = entry
+                best = min(times.values())
+                note = "" if times[chosen] == best else f" (neighbour bucket's; best {best:.3f} ms)"
+                fail = f"; {len(errors)} failed: {', '.join(errors)}" if errors else ""
+                log(f"tune {_label(key)} @{S}: {chosen} {times[chosen]:.3f} ms{note}, "
+                    f"{len(times)} timed{fail}")  # fmt: skip
+                del prepared  # the next length's inputs are allocated without these
     table = ConfigTable(
         family=family,
         gpu=gpu,

@@ -268,7 +268,7 @@ def test_tiny_demo_single_process(tmp_path, capsys):
         "rank 0: TTFT " in cap.out and "= vision " in cap.out and "(of which attention " in cap.out
     )
     assert "spava-run: loading the tiny demo model on 1 rank(s), cpu ..." in cap.err
-    assert "spava-run: spava prefill (the first call compiles the kernels) ..." in cap.err
+    assert "spava-run: spava prefill, compiling kernels on first use ..." in cap.err
     res = json.loads(out.read_text())
     assert len(res["tokens"]) == 24 and res["hosts"] == 1
     # the parts add up: TTFT = vision + prefill, attention is a part of the prefill

@@ -43,6 +43,8 @@ def _step_mask(host, q_seg, k_seg, prefix_len: int, start: int, scale: float) ->
         m = causal
     elif isinstance(host, TriangleHost):
         m = causal & ((col < host.sink) | (row - col < host.window))
+    elif isinstance(host, MMInferenceHost) and host.block >= L:  # one plan block: dense
+        m = causal
     elif isinstance(host, MMInferenceHost):
         seg = host.plan(q_seg, k_seg, start=start, scale=scale).row_mask(torch.arange(L))
         return torch.cat([torch.ones(B, H, L, P, dtype=torch.bool), seg], dim=-1)

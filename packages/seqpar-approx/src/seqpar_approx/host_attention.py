@@ -19,7 +19,9 @@ A step is any :class:`HostAttention`. The three here, and exactly what a row att
   Spava kept on purpose) and, over the segment's own keys, the plan of
   ``sparse_patterns.plan_layer`` for the layer's per-head patterns, estimated on the segment's
   rows with the global modality of its tokens (``token_layout[start : start + S]``). The two
-  partials are merged by LSE, so the result is exact for that key set.
+  partials are merged by LSE, so the result is exact for that key set. A segment of at most
+  ``block`` rows (one block of the plan, e.g. a short anchor) attends its own keys densely:
+  there is nothing to estimate at that size.
 
 :class:`HostSparsity` picks the step of each layer from a ``PatternConfig`` (MMInference) and/or a
 ``LayerPolicy`` (TriangleMix: ``"dense"``, ``"triangle"``/``"streaming"``, and ``"dynamic"`` =
@@ -34,12 +36,15 @@ from typing import Protocol, runtime_checkable
 import torch
 from sparse_kernels import AttentionOutput, attention, merge_attention, triangle_attention
 
+from .timing import SectionTimer, section
+
 
 @runtime_checkable
 class HostAttention(Protocol):
     """One segment's attention (module docstring). ``q [B, H, S, D]``; ``k, v [B, H_KV, S, D]``;
     ``k_prefix, v_prefix [B, H_KV, P, D]`` (``P`` may be 0); ``start``: the global position of the
-    segment's first row. Returns the segment rows' ``AttentionOutput``."""
+    segment's first row. ``timer``: where a step counts its own ``"estimation"`` time. Returns the
+    segment rows' ``AttentionOutput``."""
 
     def __call__(
         self,
@@ -52,6 +57,7 @@ class HostAttention(Protocol):
         start: int,
         scale: float,
         impl: str,
+        timer: SectionTimer | None = None,
     ) -> AttentionOutput: ...
 
 
@@ -75,11 +81,16 @@ def _cat(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class DenseHost:
     """Dense causal attention over prefix + segment (Spava's own step)."""
 
-    def __call__(self, q, k, v, k_prefix, v_prefix, *, start, scale, impl) -> AttentionOutput:
-        del start
+    def __call__(
+        self, q, k, v, k_prefix, v_prefix, *, start, scale, impl, timer=None
+    ) -> AttentionOutput:
+        del start, timer
         return attention(
             q, _cat(k_prefix, k), _cat(v_prefix, v), causal=True, scale=scale, impl=impl
         )
+
+
+DENSE = DenseHost()
 
 
 @dataclass(frozen=True)
@@ -95,8 +106,10 @@ class TriangleHost:
             if isinstance(val, bool) or not isinstance(val, int) or val < lo:
                 raise ValueError(f"TriangleHost.{name}: expected an int >= {lo}, got {val!r}")
 
-    def __call__(self, q, k, v, k_prefix, v_prefix, *, start, scale, impl) -> AttentionOutput:
-        del start
+    def __call__(
+        self, q, k, v, k_prefix, v_prefix, *, start, scale, impl, timer=None
+    ) -> AttentionOutput:
+        del start, timer
         return triangle_attention(
             q,
             _cat(k_prefix, k),
@@ -160,23 +173,30 @@ class MMInferenceHost:
         """The segment's ``BlockPlan`` (exact block lists, so ``row_mask`` can be read)."""
         from sparse_patterns import plan_layer
 
+        self._check_heads(q)
+        lay = self.segment_layout(start, q.shape[2])
+        return plan_layer(q, k, self.heads, lay, block=self.block, scale=scale)
+
+    def _check_heads(self, q: torch.Tensor) -> None:
         if len(self.heads) != q.shape[1]:
             raise ValueError(
                 f"MMInferenceHost: expected {len(self.heads)} query heads (one HeadConfig each), "
                 f"got q with {q.shape[1]}"
             )
-        lay = self.segment_layout(start, q.shape[2])
-        return plan_layer(q, k, self.heads, lay, block=self.block, scale=scale)
 
-    def __call__(self, q, k, v, k_prefix, v_prefix, *, start, scale, impl) -> AttentionOutput:
-        seg = self.plan(q, k, start=start, scale=scale).run(q, k, v, scale=scale, impl=impl)
+    def __call__(
+        self, q, k, v, k_prefix, v_prefix, *, start, scale, impl, timer=None
+    ) -> AttentionOutput:
+        self._check_heads(q)
+        if q.shape[2] <= self.block:
+            return DENSE(q, k, v, k_prefix, v_prefix, start=start, scale=scale, impl=impl)
+        with section(timer, "estimation"):
+            plan = self.plan(q, k, start=start, scale=scale)
+        seg = plan.run(q, k, v, scale=scale, impl=impl)
         if k_prefix.shape[2] == 0:
             return seg
         pre = attention(q, k_prefix, v_prefix, causal=False, scale=scale, impl=impl)
         return merge_attention([seg.out, pre.out], [seg.lse, pre.lse], impl=impl)
-
-
-DENSE = DenseHost()
 
 
 @dataclass(frozen=True)

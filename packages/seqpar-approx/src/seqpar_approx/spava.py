@@ -203,7 +203,9 @@ def spava_attention(
     outs, lses = [], []
     none_k, none_v = k[:, :, :0], v[:, :, :0]
     if layout.anchor_len:
-        r = host_attention(Q["anchor"], ka, va, none_k, none_v, start=0, scale=scale, impl=impl)
+        r = host_attention(
+            Q["anchor"], ka, va, none_k, none_v, start=0, scale=scale, impl=impl, timer=timer
+        )
         outs.append(r.out)
         lses.append(r.lse)
     for j, vb in enumerate(mine):
@@ -231,6 +233,7 @@ def spava_attention(
             start=layout.block(vb)[0],
             scale=scale,
             impl=impl,
+            timer=timer,
         )
         outs.append(r.out)
         lses.append(r.lse)

@@ -169,3 +169,41 @@ def test_compiling_counts_variants_and_ends_with_a_summary_line():
     assert out.getvalue().splitlines()[-1].startswith("vlm-accel: 2 kernel variants compiled")
     with kernels.compiling(enabled=False, stream=out) as off:
         assert off is None
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """tune and warmup as on a GPU, with the CPU standing in for it (reference attention)."""
+    monkeypatch.setattr(kernels, "need_cuda", lambda command, device: "cpu")
+
+
+def test_tune_passes_the_models_shape_and_flags_to_the_tuner(on_cpu, monkeypatch, capsys, tmp_path):
+    import sparse_kernels.tuning as skt
+    from vlm_accel.models import tiny_config
+
+    calls = []
+
+    def fake_tune(shape, lengths, **kw):
+        calls.append((shape, lengths, kw))
+        return SimpleNamespace(path=tmp_path / "t.json", tuned=(1, 2), skipped=(), failures=())
+
+    monkeypatch.setattr(skt, "tune", fake_tune)
+    argv = ["tune", "--model", "tiny", "--lengths", "128K,32K", "--ops", "triangle",
+            "--out", str(tmp_path / "t.json"), "--force"]  # fmt: skip
+    assert main(argv) == 0
+    text = tiny_config("qwen2_5_vl").get_text_config()
+    ((shape, lengths, kw),) = calls
+    assert (shape.heads, shape.kv_heads, shape.dtype) == (
+        text.num_attention_heads, text.num_key_value_heads, "bfloat16",
+    )  # fmt: skip
+    assert lengths == [32768, K128] and kw["ops"] == ["triangle"] and kw["force"] is True
+    assert kw["out"] == str(tmp_path / "t.json") and kw["command"] == "vlm-accel " + " ".join(argv)
+    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 't.json'}: 2 entries tuned")
+
+
+def test_warmup_command_runs_its_plan_and_prints_the_summary(on_cpu, capsys):
+    assert main(["warmup", "--model", "tiny", "--lengths", "700", "--start-layer", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("warmup trianglemix at 700 tokens: 0 kernel variants compiled or loaded")
+    assert main(["warmup", "--model", "tiny", "--lengths", "700", "--method", "dense"]) == 0
+    assert "nothing to compile" in capsys.readouterr().out

@@ -11,8 +11,14 @@ Modes (``--modes``, default all three):
   18944, RoPE), one prefill of the whole prompt (``--query-len`` text tokens at the end). Methods:
   ``dense`` (1 GPU: rank 0 alone, the others wait), ``ring`` (exact ZigZag ring), ``star``,
   ``apb`` (no ZigZag, l_p = n/64), ``spava``, and the ablations ``spava-no-zigzag``,
-  ``spava-no-overlap``, ``spava-no-fused`` (query rows projected in separate GEMMs).
-* ``attention``: one attention layer alone (same shapes), per method.
+  ``spava-no-overlap``, ``spava-no-fused`` (query rows projected in separate GEMMs), and Spava
+  with sparse attention inside every host (``spava+trianglemix``, ``spava+mminference``,
+  ``spava+mminference+trianglemix``; patterns and policy in ``spava_sparse.py``, the prompt
+  laid out as 64 text tokens, video frames of ``--tokens-per-frame`` tokens, the query). Each
+  Spava method also records one extra (untimed) prefill split into sections per rank:
+  attention, estimation, MLP, communication (``sections_per_rank``).
+* ``attention``: one attention layer alone (same shapes), per method; the sparse methods run
+  the step of layer ``--attention-layer`` (default: the last, a triangle layer under TriangleMix).
 * ``vision``: Qwen2.5-VL-7B's vision tower (random weights) on ``--frames`` frames: every rank
   encodes all frames vs frame-parallel (Eq. 6 split + all-gather) — the ``frame_parallel`` ablation.
 * ``attention`` mode also tries PyTorch's ``context_parallel`` (ring SDPA, K/V repeated to H
@@ -37,6 +43,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from seqpar_approx import (
+    DENSE,
+    SectionTimer,
     SpavaConfig,
     layout_for,
     simulate_spava_attention,
@@ -44,7 +52,9 @@ from seqpar_approx import (
     zigzag_ring_attention,
 )
 from seqpar_approx.faults import init_distributed
+from seqpar_approx.timing import section
 from sparse_kernels import attention
+from spava_sparse import SPARSE_METHODS, sparsity, token_layout
 
 MODEL_7B = dict(layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128, mlp=18944)
 MODEL_SMOKE = dict(layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32, mlp=256)
@@ -57,6 +67,7 @@ METHODS = [
     "spava-no-zigzag",
     "spava-no-overlap",
     "spava-no-fused",
+    *SPARSE_METHODS,
 ]
 
 
@@ -76,12 +87,28 @@ def method_setup(name: str, n: int, nq: int, H: int):
     return base, layout, cfg, fused
 
 
-def attn_fn(base, layout, cfg):
+def attn_fn(base, layout, cfg, step=DENSE, timer=None):
     if base == "dense":
         return lambda q, k, v: attention(q, k, v, causal=True).out
     if base == "ring":
         return lambda q, k, v: zigzag_ring_attention(q, k, v, layout).out
-    return lambda q, k, v: spava_attention(q, k, v, layout, cfg).out
+    return lambda q, k, v: (
+        spava_attention(q, k, v, layout, cfg, host_attention=step, timer=timer).out
+    )
+
+
+def layer_steps(args, name: str, m: dict, n: int, device) -> list:
+    """Every layer's host attention step of a method (dense hosts unless sparse)."""
+    sp = sparsity(
+        name, m, tokens_per_frame=args.tokens_per_frame, smoke=args.smoke,
+        start_layer=args.start_layer,
+    )  # fmt: skip
+    if sp is None:
+        return [DENSE] * m["layers"]
+    lay = None
+    if sp.patterns is not None:
+        lay = token_layout(n, args.query_len, tokens_per_frame=args.tokens_per_frame, device=device)
+    return [sp.for_layer(i, lay) for i in range(m["layers"])]
 
 
 # ---- a Qwen2-shaped decoder layer ---------------------------------------------------------------
@@ -124,7 +151,7 @@ def _rope(x, cos, sin):
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def layer_forward(layer, h, cos, sin, attn, split, mlp_chunk=16384):
+def layer_forward(layer, h, cos, sin, attn, split, mlp_chunk=16384, timer=None):
     m = layer.m
     S = h.shape[0]
     x = layer.n1(h)
@@ -132,7 +159,8 @@ def layer_forward(layer, h, cos, sin, attn, split, mlp_chunk=16384):
     k = _linear(layer.k, x, split).view(S, m["kv_heads"], m["head_dim"]).transpose(0, 1)[None]
     v = _linear(layer.v, x, split).view(S, m["kv_heads"], m["head_dim"]).transpose(0, 1)[None]
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    a = attn(q, k, v)[0].transpose(0, 1).reshape(S, -1)
+    with section(timer, "attention"):
+        a = attn(q, k, v)[0].transpose(0, 1).reshape(S, -1)
     h = h + _linear(layer.o, a, split)
     x = layer.n2(h)
     out = torch.empty_like(h)
@@ -141,9 +169,10 @@ def layer_forward(layer, h, cos, sin, attn, split, mlp_chunk=16384):
     bounds = list(range(0, S - (split or 0), mlp_chunk)) + [S - (split or 0)]
     if split:
         bounds.append(S)
-    for a0, a1 in zip(bounds[:-1], bounds[1:]):
-        xc = x[a0:a1]
-        out[a0:a1] = layer.down(F.silu(layer.gate(xc)) * layer.up(xc))
+    with section(timer, "mlp"):
+        for a0, a1 in zip(bounds[:-1], bounds[1:]):
+            xc = x[a0:a1]
+            out[a0:a1] = layer.down(F.silu(layer.gate(xc)) * layer.up(xc))
     return h + out
 
 
@@ -197,15 +226,36 @@ def check_methods(args, m, device, dtype, rank, H):
     ]
     dense = attention(*full, causal=True)
     res = []
-    for name in ("ring", "star", "apb", "spava", "spava-no-zigzag", "spava-no-overlap"):
+    names = ["ring", "star", "apb", "spava", "spava-no-zigzag", "spava-no-overlap"]
+    names += [x for x in SPARSE_METHODS if x in args.methods]
+    for name in names:
         base, layout, cfg, _ = method_setup(name, n, nq, H)
-        local = [layout.shard(t, rank, dim=2) for t in full]
-        got = attn_fn(base, layout, cfg)(*local)
-        ref = dense.out if base == "ring" else simulate_spava_attention(*full, layout, cfg).out
-        err = (got.float() - layout.shard(ref, rank, dim=2).float()).abs().max()
-        dist.all_reduce(err, op=dist.ReduceOp.MAX)
-        res.append({"method": name, "check_len": n, "max_abs_err": err.item()})
+        steps = layer_steps(args, name, m, n, device)
+        # the first and the last layer: dense / MMInference below TriangleMix's start, triangle
+        # from it
+        for layer in sorted({0, m["layers"] - 1}) if name in SPARSE_METHODS else [0]:
+            step = steps[layer]
+            local = [layout.shard(t, rank, dim=2) for t in full]
+            got = attn_fn(base, layout, cfg, step)(*local)
+            if base == "ring":
+                ref = dense.out
+            else:
+                ref = simulate_spava_attention(*full, layout, cfg, host_attention=step).out
+            err = (got.float() - layout.shard(ref, rank, dim=2).float()).abs().max()
+            dist.all_reduce(err, op=dist.ReduceOp.MAX)
+            res.append({"method": name, "layer": layer, "check_len": n, "max_abs_err": err.item()})
     return res
+
+
+def prefill_sections(run_with_timer, device) -> list[dict]:
+    """One untimed prefill with a :class:`SectionTimer`: every rank's seconds per section."""
+    timer = SectionTimer(device)
+    run_with_timer(timer)
+    sync(device)
+    mine = timer.seconds()
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
 
 
 def bench_model(args, m, device, dtype, rank, H, n):
@@ -234,14 +284,16 @@ def bench_model(args, m, device, dtype, rank, H, n):
         else:
             h0, pos = layout.shard(emb, rank, dim=0), layout.local_indices(rank)
         cos, sin = rope_tables(pos, m["head_dim"], device, dtype)
-        attn = attn_fn(base, layout, cfg) if active else None
+        steps = layer_steps(args, name, m, n, device)
+        setup = (base, layout, cfg)
         split = None if fused or base != "spava" else args.query_len
 
         @torch.no_grad()
-        def run(h0=h0, cos=cos, sin=sin, attn=attn, split=split):
+        def run(timer=None, h0=h0, cos=cos, sin=sin, steps=steps, split=split, how=setup):
             h = h0
-            for layer in layers:
-                h = layer_forward(layer, h, cos, sin, attn, split)
+            for layer, step in zip(layers, steps):
+                attn = attn_fn(*how, step, timer)
+                h = layer_forward(layer, h, cos, sin, attn, split, timer=timer)
             return h
 
         if device.type == "cuda":
@@ -261,6 +313,8 @@ def bench_model(args, m, device, dtype, rank, H, n):
                 "layers": m["layers"],
             }
         )
+        if base == "spava":
+            out[-1]["sections_per_rank"] = prefill_sections(run, device)
         if rank == 0:
             print(
                 f"model n={n} {name:18s} ttft {ttft:.3f}s per rank {[round(x, 3) for x in per_rank]}",
@@ -282,7 +336,8 @@ def bench_attention(args, m, device, dtype, rank, H, n):
         base, layout, cfg, _ = method_setup(name, n, args.query_len, H)
         active = base != "dense" or rank == 0
         local = full if base == "dense" else [layout.shard(t, rank, dim=2) for t in full]
-        fn = attn_fn(base, layout, cfg)
+        step = layer_steps(args, name, m, n, device)[args.attention_layer]
+        fn = attn_fn(base, layout, cfg, step)
         t, per_rank = timed(
             lambda fn=fn, local=local: fn(*local),
             device=device,
@@ -430,6 +485,9 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", default="bench_spava.json")
     p.add_argument("--no-torch-cp", action="store_true", help="skip PyTorch's context_parallel")
+    p.add_argument("--tokens-per-frame", type=int, default=None, help="256 (smoke: 16)")
+    p.add_argument("--start-layer", type=int, default=None, help="TriangleMix (default: L/2)")
+    p.add_argument("--attention-layer", type=int, default=-1, help="sparse step in attention mode")
     p.add_argument("--smoke", action="store_true", help="tiny CPU/gloo run to test the script")
     args = p.parse_args(argv)
     args.methods = [s for s in args.methods.split(",") if s]
@@ -449,6 +507,8 @@ def main(argv=None):
         m["layers"] = args.layers
     if args.smoke:
         args.check_len = min(args.check_len, 512)
+    if args.tokens_per_frame is None:
+        args.tokens_per_frame = 16 if args.smoke else 256
     lens = [int(s) for s in args.seq_lens.split(",")]
     from sparse_kernels.benchmarking import env_info
 

@@ -38,3 +38,24 @@ def test_bench_script_smoke(tmp_path):
     assert all(c["max_abs_err"] < 1e-4 for c in rep["checks"]), rep["checks"]
     methods = {(r["mode"], r["method"]) for r in rep["results"]}
     assert ("model", "spava-no-fused") in methods and ("vision", "frame-parallel") in methods
+    assert ("model", "spava+mminference+trianglemix") in methods
+
+
+def test_bench_script_smoke_sparse_hosts(tmp_path):
+    """Spava with MMInference + TriangleMix hosts: checked against the simulation at the first
+    (MMInference) and last (triangle) layer, timed, and split into sections per rank."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    out = tmp_path / "b.json"
+    cmd = [torchrun, "--nproc-per-node", "2", str(BENCH), "--smoke", "--seq-lens", "700"]
+    cmd += ["--reps", "1", "--warmup", "0", "--modes", "model", "--no-torch-cp", "--out", str(out)]
+    cmd += ["--methods", "spava,spava+mminference+trianglemix"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    checked = {(c["method"], c["layer"]) for c in rep["checks"]}
+    assert {("spava+mminference+trianglemix", 0), ("spava+mminference+trianglemix", 1)} <= checked
+    assert all(c["max_abs_err"] < 1e-4 for c in rep["checks"]), rep["checks"]
+    (r,) = [r for r in rep["results"] if r["method"] == "spava+mminference+trianglemix"]
+    assert r["ttft_s"] > 0 and len(r["sections_per_rank"]) == 2
+    for sec in r["sections_per_rank"]:
+        assert set(sec) == {"attention", "estimation", "mlp", "communication"}, sec

@@ -87,3 +87,37 @@ def test_nccl_matches_simulation_bf16(hosts):
             ref = simulate_spava_attention(q, k, v, layout, cfg).out.cpu()
             # same kernels on the same blocks: only the LSE-merge placement can differ
             torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2, msg=name)
+
+
+MULTI_SPARSE = {
+    "n16411-triangle": _case(n=16411, query_len=100, host="triangle", sink=8, window=512),
+    "n16411-mminference": _case(n=16411, query_len=100, host="mminference", block=64),
+    "n16411-mminference-sync": _case(
+        n=16411, query_len=100, host="mminference", block=64, overlap_comm=False
+    ),
+    "n16411-policy-dynamic": _case(
+        n=16411, query_len=100, host="policy", sink=8, window=512, layer=1, block=64
+    ),
+}
+
+
+@pytest.mark.multigpu
+def test_nccl_sparse_hosts_match_simulation_bf16():
+    """TriangleMix / MMInference inside every host: NCCL on 2 GPUs vs the simulation."""
+    from seqpar_approx.testing_hosts import case_host_attention
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, found {torch.cuda.device_count()}")
+    cases = list(MULTI_SPARSE.values())
+    res = spawn(
+        attention_cases, 2, backend="nccl", cases=cases, device="cuda", timeout_s=600,
+        pg_timeout_s=300,
+    )  # fmt: skip
+    for i, (name, case) in enumerate(MULTI_SPARSE.items()):
+        layout, cfg = case_layout(case, 2)
+        q, k, v = make_full_qkv(case, "cuda")
+        got = layout.unshard([r[i][0] for r in res], dim=2)
+        step = case_host_attention(case)
+        ref = simulate_spava_attention(q, k, v, layout, cfg, host_attention=step).out.cpu()
+        # same kernels and plans on the same rows: only the LSE-merge placement can differ
+        torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2, msg=name)

@@ -4,7 +4,7 @@ ranks and the single-process reference build the same step.
 ``case["host"]``: absent or ``"dense"``, ``"triangle"`` (``sink``, ``window``), ``"mminference"``
 (mixed per-head patterns on a text / video / text layout) or ``"policy"`` (TriangleMix with
 MMInference shallow layers: layer kinds ``dense, dynamic, triangle``; ``case["layer"]`` picks
-one).
+one). ``case["block"]``: the MMInference plan's block (default 8; >= 16 for Triton).
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def case_host_attention(case: dict) -> HostAttention:
         return TriangleHost(sink=case["sink"], window=case["window"])
     layout = case_token_layout(case["n"])
     if kind == "mminference":
-        return MMInferenceHost(case_heads(case["H"]), token_layout=layout, block=8)
+        return MMInferenceHost(
+            case_heads(case["H"]), token_layout=layout, block=case.get("block", 8)
+        )
     if kind == "policy":
         from sparse_patterns import PatternConfig
         from triangle_mix import LayerPolicy
@@ -58,7 +60,7 @@ def case_host_attention(case: dict) -> HostAttention:
             layers=(heads,) * len(POLICY_KINDS),
         )
         policy = LayerPolicy(POLICY_KINDS, sink=case["sink"], window=case["window"])
-        sparsity = HostSparsity(patterns=patterns, policy=policy, block=8)
+        sparsity = HostSparsity(patterns=patterns, policy=policy, block=case.get("block", 8))
         return sparsity.for_layer(case["layer"], layout)
     raise ValueError(f"host: expected 'dense', 'triangle', 'mminference' or 'policy', got {kind!r}")
 

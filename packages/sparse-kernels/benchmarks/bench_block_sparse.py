@@ -120,14 +120,18 @@ def _provider(name, q, k, v, bm):
     raise ValueError(name)
 
 
-def _chosen_config() -> str | None:
-    """The autotuned config of the block-sparse kernel (tiles, warps, stages)."""
-    from sparse_kernels.block_sparse import triton as bs
+def _chosen_config(q: torch.Tensor, k: torch.Tensor) -> str:
+    """The launch config the block-sparse kernel looked up for this call, and where it came from
+    (user cache, shipped table, nearest entry or safe config)."""
+    from sparse_kernels.block_sparse.triton import SPEC
+    from sparse_kernels.tuning.lookup import CHOOSER
 
-    cfg = getattr(
-        bs._block_sparse_fwd_kernel, "best_config", None
-    )  # set by the autotuner's first call
-    return None if cfg is None else str(cfg)
+    choice = CHOOSER.choose(
+        SPEC, device=q.device, head_dim=q.shape[-1], dtype=q.dtype,
+        group=q.shape[1] // k.shape[1], seq_len=k.shape[2], variant="causal",
+        blocks=(BLOCK, BLOCK),
+    )  # fmt: skip
+    return f"{choice.config} ({choice.source})"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -205,6 +209,6 @@ def test_block_sparse(benchmark, seq, density, provider):
         density=density,
         listed_block_fraction=listed,
         block=BLOCK,
-        config=_chosen_config() if provider == "ours" else None,
+        config=_chosen_config(q, k) if provider == "ours" else None,
     )
     _RESULTS[(seq, density, provider)] = dict(benchmark.extra_info)

@@ -110,15 +110,18 @@ def test_triangle_attention(benchmark, shape, provider):
         provider=provider,
         shape=shape,
         rel_err=err,
-        config=_chosen_config() if provider == "ours" else None,
+        config=_chosen_config(q, k) if provider == "ours" else None,
     )
 
 
-def _chosen_config() -> str | None:
-    """The autotuned config of the fused kernel (tile sizes, warps, stages)."""
-    from sparse_kernels.triangle import triton as tri
+def _chosen_config(q: torch.Tensor, k: torch.Tensor) -> str:
+    """The launch config the fused kernel looked up for this call, and where it came from (user
+    cache, shipped table, nearest entry or safe config)."""
+    from sparse_kernels.triangle.triton import SPEC
+    from sparse_kernels.tuning.lookup import CHOOSER
 
-    cfg = getattr(
-        tri._triangle_fwd_kernel, "best_config", None
-    )  # set by the autotuner's first call
-    return None if cfg is None else str(cfg)
+    choice = CHOOSER.choose(
+        SPEC, device=q.device, head_dim=q.shape[-1], dtype=q.dtype,
+        group=q.shape[1] // k.shape[1], seq_len=k.shape[2],
+    )  # fmt: skip
+    return f"{choice.config} ({choice.source})"

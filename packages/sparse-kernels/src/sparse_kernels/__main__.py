@@ -20,9 +20,7 @@ EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 
 
 def check() -> int:
-    cuda = torch.cuda.is_available()
-    if not cuda:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    cuda = torch.cuda.is_available()  # without CUDA, main() turned the Triton interpreter on
     from sparse_kernels import attention
     from sparse_kernels.attention import attention_reference
     from sparse_kernels.testing import make_qkv
@@ -194,6 +192,10 @@ def tune_main(args, parser) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] != ["tune"] and not torch.cuda.is_available():
+        # Before anything imports triton: it reads TRITON_INTERPRET when it is imported.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

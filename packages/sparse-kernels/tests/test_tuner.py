@@ -155,6 +155,18 @@ def test_a_failed_run_leaves_the_table_as_it_was_and_no_temporary_file(cache):
     json.loads(before)
 
 
+def test_each_finished_op_is_saved_before_the_next_one_runs(cache):
+    class FailsOnBlockSparse(Timer):
+        def __call__(self, call):
+            if call.func.__qualname__.startswith("_block_sparse"):
+                raise KeyboardInterrupt  # the run is stopped during the second op
+            return super().__call__(call)
+
+    with pytest.raises(KeyboardInterrupt):
+        run([256], FailsOnBlockSparse({A: 1.0, B: 2.0, C: 3.0}), ops=("attention", "block_sparse"))
+    assert [e.op for e in ConfigTable.load(user_table_path(FAMILY)).entries] == ["attention"]
+
+
 def test_out_of_resources_candidates_are_skipped_and_reported(cache):
     oor = triton.runtime.errors.OutOfResources(232448, 101376, "shared memory")
     res = run([256], Timer({A: 2.0, B: oor, C: 1.5}))

@@ -162,7 +162,8 @@ def tune(
         out: the table to write; default the user cache of this GPU's family
             (:func:`~sparse_kernels.tuning.user_table_path`), read by every later process.
             An existing table there is merged into: keys already in it are not tuned again
-            unless ``force``. Written atomically.
+            unless ``force``. Written atomically after each op, so a run stopped midway keeps
+            the ops it finished.
         device: a CUDA device (default: the current one).
         command: the command line recorded in the table.
         timer, candidates, cases: what is timed and how (``candidates``: op -> configs, instead
@@ -241,18 +242,25 @@ def tune(
                 log(f"tune {_label(key)} @{S}: {chosen} {times[chosen]:.3f} ms{note}, "
                     f"{len(times)} timed{fail}")  # fmt: skip
                 del prepared  # the next length's inputs are allocated without these
-    table = ConfigTable(
-        family=family,
+            if any(key[0] == op for key in tuned):  # saved per op: a killed run keeps these
+                table = _merged(old, tuned, gpu, command)
+                table.save(path)
+    table = _merged(old, tuned, gpu, command)
+    if not path.is_file():
+        table.save(path)
+    CHOOSER.reload()
+    return TuneResult(path, table, tuple(tuned.values()), tuple(skipped), tuple(failures))
+
+
+def _merged(old: ConfigTable, tuned: dict, gpu: str, command: str) -> ConfigTable:
+    return ConfigTable(
+        family=old.family,
         gpu=gpu,
         versions=_versions(),
         date=datetime.date.today().isoformat(),
         command=_commands(old.command, command),
         entries=old.entries,
     ).merged(list(tuned.values()))
-    if tuned or not path.is_file():
-        table.save(path)
-    CHOOSER.reload()
-    return TuneResult(path, table, tuple(tuned.values()), tuple(skipped), tuple(failures))
 
 
 def _commands(old: str, new: str) -> str:

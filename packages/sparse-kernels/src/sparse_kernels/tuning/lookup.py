@@ -5,9 +5,12 @@ Order, for a 16-bit call on a GPU (fp32 and the interpreter have their own fixed
 1. the user's tuning cache (:func:`~sparse_kernels.tuning.table.user_table_path`), exact key;
 2. the table shipped for the GPU family, exact key;
 3. the nearest entry of either with the same op and head dim whose tiles fit the call: same
-   variant first, then same dtype, then the closest length bucket, then the closest GQA group;
-4. the kernel's safe config (:meth:`KernelSpec.safe`), with a one-line hint, once per process
-   and (GPU family, op, head dim), naming the tuning command.
+   variant first, then same dtype, then the closest length bucket, then the closest GQA group.
+   A family with neither table uses the shipped tables of GPUs of its compute capability
+   (same shared memory and instructions: their configs fit), with a one-line hint;
+4. the kernel's safe config (:meth:`KernelSpec.safe`), with a one-line hint.
+
+A hint is logged once per process and (GPU family, op, head dim), and names the tuning command.
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ import torch
 
 from .._validate import interpreter_enabled
 from .configs import KernelSpec, LaunchConfig
-from .table import ConfigTable, TableEntry, length_bucket, shipped_table_path, user_table_path
+from .table import (
+    ConfigTable,
+    TableEntry,
+    length_bucket,
+    shipped_table_path,
+    shipped_tables,
+    user_table_path,
+)
 
 log = logging.getLogger("sparse_kernels.tuning")
 
@@ -46,8 +56,9 @@ def family_of(name: str) -> str:
 
 @dataclass(frozen=True)
 class Choice:
-    """A looked-up config and where it came from: ``"user"``, ``"shipped"``, ``"nearest"``,
-    ``"safe"``, ``"fp32"`` or ``"interpreter"``; ``entry`` is the table entry used, if any."""
+    """A looked-up config and where it came from: ``"user"``, ``"shipped"``, ``"borrowed"`` (the
+    exact key in another family's table of the same capability), ``"nearest"``, ``"safe"``,
+    ``"fp32"`` or ``"interpreter"``; ``entry`` is the table entry used, if any."""
 
     config: LaunchConfig
     source: str
@@ -62,15 +73,17 @@ class ConfigChooser:
     def __init__(self) -> None:
         self._tables: dict[str, tuple[TableEntry, ...]] = {}
         self._user: dict[str, dict[tuple, TableEntry]] = {}
+        self._borrowed: dict[str, str] = {}  # family -> the families whose tables it uses
         self._memo: dict[tuple, Choice] = {}
         self._hinted: set[tuple] = set()
 
     def reload(self) -> None:
         self._tables.clear()
         self._user.clear()
+        self._borrowed.clear()
         self._memo.clear()
 
-    def _load(self, family: str) -> None:
+    def _load(self, family: str, capability: str) -> None:
         user: tuple[TableEntry, ...] = ()
         path = user_table_path(family)
         if path.is_file():
@@ -79,6 +92,11 @@ class ConfigChooser:
         path = shipped_table_path(family)
         if path.is_file():
             shipped = ConfigTable.load(path).entries
+        elif not user and capability:
+            same = [t for t in shipped_tables() if t.capability == capability]
+            shipped = tuple(e for t in same for e in t.entries)
+            if same:
+                self._borrowed[family] = ", ".join(t.family for t in same)
         self._user[family] = {e.key: e for e in user}
         self._tables[family] = user + shipped
 
@@ -106,6 +124,7 @@ class ConfigChooser:
             got = self.lookup(
                 spec, family=gpu_family(device), head_dim=head_dim, dtype=dtype, group=group,
                 seq_len=seq_len, variant=variant, blocks=blocks,
+                capability="{}.{}".format(*torch.cuda.get_device_capability(device)),
             )  # fmt: skip
             if len(self._memo) >= _MAX_MEMO:
                 self._memo.clear()
@@ -123,10 +142,12 @@ class ConfigChooser:
         seq_len: int,
         variant: str = "",
         blocks: tuple[int, ...] = (),
+        capability: str = "",
     ) -> Choice:
-        """Steps 1-4 of the module docstring for a GPU family (no memo, no device needed)."""
+        """Steps 1-4 of the module docstring for a GPU family (no memo, no device needed);
+        ``capability``: its compute capability, ``"9.0"`` (empty: no other family's tables)."""
         if family not in self._tables:
-            self._load(family)
+            self._load(family, capability)
         dname = _DTYPE_NAMES[dtype]
         bucket = length_bucket(seq_len)
         key = (spec.name, variant, head_dim, dname, group, bucket)
@@ -138,9 +159,12 @@ class ConfigChooser:
             for e in self._tables[family]
             if e.op == spec.name and e.head_dim == head_dim and spec.fits(e.config, blocks)
         ]
+        if usable and family in self._borrowed:
+            self._hint(family, spec.name, head_dim,
+                       f"using those of {self._borrowed[family]} (same compute capability)")  # fmt: skip
         for e in usable:
             if e.key == key:
-                return Choice(e.config, "shipped", e)
+                return Choice(e.config, "borrowed" if family in self._borrowed else "shipped", e)
         if usable:
             best = min(
                 usable,
@@ -152,15 +176,18 @@ class ConfigChooser:
                 ),
             )
             return Choice(best.config, "nearest", best)
-        hint = (family, spec.name, head_dim)
-        if hint not in self._hinted:
-            self._hinted.add(hint)
-            log.warning(
-                "sparse_kernels: no tuned %s config for GPU family %r with head dim %d; using a "
-                "safe one. `%s` (or `vlm-accel tune`) tunes it for this GPU.",
-                spec.name, family, head_dim, TUNE_COMMAND,
-            )  # fmt: skip
+        self._hint(family, spec.name, head_dim, "using a safe one")
         return Choice(spec.safe(blocks), "safe")
+
+    def _hint(self, family: str, op: str, head_dim: int, what: str) -> None:
+        key = (family, op, head_dim)
+        if key not in self._hinted:
+            self._hinted.add(key)
+            log.warning(
+                "sparse_kernels: no tuned %s config for GPU family %r with head dim %d; %s. "
+                "`%s` (or `vlm-accel tune`) tunes it for this GPU.",
+                op, family, head_dim, what, TUNE_COMMAND,
+            )  # fmt: skip
 
 
 CHOOSER = ConfigChooser()

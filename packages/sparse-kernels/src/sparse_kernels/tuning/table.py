@@ -3,18 +3,21 @@
 Shipped tables live in ``sparse_kernels/tuning/tables/<family>.json``; a user's own tuning run
 writes ``<cache dir>/tuned-<family>.json`` (see :func:`user_table_path`). Both have this shape::
 
-    {"format": 1, "family": "h100", "gpu": "NVIDIA H100 80GB HBM3",
+    {"format": 1, "family": "h100", "gpu": "NVIDIA H100 80GB HBM3", "capability": "9.0",
      "versions": {"torch": "2.11.0", "triton": "3.6.0"}, "date": "2026-11-26",
      "command": "python -m sparse_kernels tune ...",
      "entries": [{"op": "attention", "variant": "causal", "head_dim": 128, "dtype": "bfloat16",
                   "group": 7, "bucket": 9, "seq_len": 131072, "ms": 1.23,
                   "config": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}}]}
 
-``bucket`` is :func:`length_bucket` of the key length the entry was timed at.
+``bucket`` is :func:`length_bucket` of the key length the entry was timed at; ``capability`` is
+the GPU's CUDA compute capability (a GPU with no table of its own may use a table of its
+capability: same shared memory and instructions, so every config fits).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -92,6 +95,7 @@ class ConfigTable:
 
     family: str
     gpu: str = ""
+    capability: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     date: str = ""
     command: str = ""
@@ -126,6 +130,7 @@ class ConfigTable:
         return cls(
             family=obj["family"],
             gpu=str(obj.get("gpu", "")),
+            capability=str(obj.get("capability", "")),
             versions={str(k): str(v) for k, v in versions.items()},
             date=str(obj.get("date", "")),
             command=str(obj.get("command", "")),
@@ -136,7 +141,8 @@ class ConfigTable:
 
     def to_json(self) -> dict:
         return {
-            "format": FORMAT, "family": self.family, "gpu": self.gpu, "versions": self.versions,
+            "format": FORMAT, "family": self.family, "gpu": self.gpu,
+            "capability": self.capability, "versions": self.versions,
             "date": self.date, "command": self.command,
             "entries": [e.to_json() for e in sorted(self.entries, key=lambda e: e.key)],
         }  # fmt: skip
@@ -153,8 +159,7 @@ class ConfigTable:
         """This table with ``entries`` added; an entry replaces one with the same key."""
         by_key = {e.key: e for e in self.entries}
         by_key.update({e.key: e for e in entries})
-        return ConfigTable(self.family, self.gpu, self.versions, self.date, self.command,
-                           tuple(by_key.values()))  # fmt: skip
+        return dataclasses.replace(self, entries=tuple(by_key.values()))
 
 
 def cache_dir() -> Path:
@@ -173,3 +178,8 @@ def user_table_path(family: str) -> Path:
 
 def shipped_table_path(family: str) -> Path:
     return SHIPPED_DIR / f"{family}.json"
+
+
+def shipped_tables() -> list[ConfigTable]:
+    """Every table shipped with the package, by family name."""
+    return [ConfigTable.load(p) for p in sorted(SHIPPED_DIR.glob("*.json"))]

@@ -185,8 +185,10 @@ def tune(
         if not torch.cuda.is_available():
             raise RuntimeError("tuning needs a CUDA GPU; torch sees none")
         gpu = torch.cuda.get_device_name(device)
+        capability = "{}.{}".format(*torch.cuda.get_device_capability(device))
     else:  # the interpreter (tests): timings there mean nothing for a GPU
         gpu = f"{device.type} (Triton interpreter)"
+        capability = ""
     family = family_of(gpu)
     path = Path(out) if out is not None else user_table_path(family)
     old = ConfigTable.load(path) if path.is_file() else ConfigTable(family)
@@ -243,19 +245,20 @@ def tune(
                     f"{len(times)} timed{fail}")  # fmt: skip
                 del prepared  # the next length's inputs are allocated without these
             if any(key[0] == op for key in tuned):  # saved per op: a killed run keeps these
-                table = _merged(old, tuned, gpu, command)
+                table = _merged(old, tuned, gpu, capability, command)
                 table.save(path)
-    table = _merged(old, tuned, gpu, command)
+    table = _merged(old, tuned, gpu, capability, command)
     if not path.is_file():
         table.save(path)
     CHOOSER.reload()
     return TuneResult(path, table, tuple(tuned.values()), tuple(skipped), tuple(failures))
 
 
-def _merged(old: ConfigTable, tuned: dict, gpu: str, command: str) -> ConfigTable:
+def _merged(old: ConfigTable, tuned: dict, gpu: str, capability: str, command: str) -> ConfigTable:
     return ConfigTable(
         family=old.family,
         gpu=gpu,
+        capability=capability,
         versions=_versions(),
         date=datetime.date.today().isoformat(),
         command=_commands(old.command, command),

@@ -157,6 +157,22 @@ def build(session: nox.Session) -> None:
             f"expected a wheel and an sdist of each of {sorted(SELF_CHECKS)}, "
             f"got wheels {sorted(wheels)} and sdists {sorted(sdists)}"
         )
+    # The tuned launch-config tables are package data: without them every kernel on an H100 or
+    # H200 would run its safe config.
+    shipped = sorted(
+        p.name
+        for p in pathlib.Path("packages/sparse-kernels/src/sparse_kernels/tuning/tables").glob(
+            "*.json"
+        )
+    )
+    with zipfile.ZipFile(wheels["sparse-kernels"]) as whl:
+        in_wheel = sorted(
+            n.rsplit("/", 1)[1]
+            for n in whl.namelist()
+            if n.startswith("sparse_kernels/tuning/tables/")
+        )
+    if not shipped or in_wheel != shipped:
+        session.error(f"sparse-kernels wheel: expected tuned tables {shipped}, got {in_wheel}")
     # Third-party versions as locked: what `nox -s tests` ran, and already in uv's cache.
     constraints = tmp / "constraints.txt"
     session.run(

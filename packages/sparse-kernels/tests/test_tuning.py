@@ -17,6 +17,7 @@ from sparse_kernels.tuning import (
     TableEntry,
     family_of,
     length_bucket,
+    shipped_table_path,
     user_table_path,
 )
 
@@ -198,3 +199,33 @@ def test_compile_log_counts_variants_calls_back_and_restores_the_hooks():
     finally:
         rt.jit_cache_hook = rt.jit_post_compile_hook = None
 
+
+def test_a_gpu_without_tables_borrows_those_of_its_compute_capability(cache, caplog):
+    h100 = ConfigTable.load(shipped_table_path("h100"))
+    want = next(e for e in h100.entries if e.op == "attention" and e.bucket == 7)
+    spec = KernelSpec("attention", (SMALL,), SMALL)
+    args = dict(head_dim=128, dtype=torch.bfloat16, group=7, seq_len=32768, variant="causal")
+    with caplog.at_level(logging.WARNING, logger="sparse_kernels.tuning"):
+        got = ConfigChooser().lookup(spec, family="gh200", capability="9.0", **args)
+        other = ConfigChooser().lookup(spec, family="gh200", capability="8.0", **args)
+    assert (got.source, got.config) == ("borrowed", want.config)
+    assert (other.source, other.config) == ("safe", SMALL)
+    borrowed, safe = (r.getMessage() for r in caplog.records)
+    assert "using those of h100" in borrowed
+    assert "using a safe one" in safe
+
+
+@pytest.mark.parametrize("family", ["h100", "h200"])
+def test_the_shipped_table_is_chosen_on_its_gpu(family, cache):
+    table = ConfigTable.load(shipped_table_path(family))
+    assert table.family == family and table.capability == "9.0"
+    assert {e.op for e in table.entries} == {
+        "attention", "block_sparse", "line_scores", "permuted", "triangle", "vertical_slash",
+    }  # fmt: skip
+    for e in table.entries:
+        spec = KernelSpec(e.op, (e.config,), e.config)
+        got = ConfigChooser().lookup(
+            spec, family=family, head_dim=e.head_dim, dtype=getattr(torch, e.dtype),
+            group=e.group, seq_len=e.seq_len, variant=e.variant,
+        )  # fmt: skip
+        assert (got.source, got.entry) == ("shipped", e)

@@ -229,3 +229,26 @@ def test_the_shipped_table_is_chosen_on_its_gpu(family, cache):
             group=e.group, seq_len=e.seq_len, variant=e.variant,
         )  # fmt: skip
         assert (got.source, got.entry) == ("shipped", e)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("op", "kernels"),
+    [("triangle", {"_triangle_fwd_kernel", "_triangle_merge_kernel"}),
+     ("permuted", {"_permuted_fwd_kernel"})],
+)  # fmt: skip
+def test_a_longer_prompt_reuses_the_compiled_kernel(op, kernels):
+    # 8K and 32K keys take the same config (one length bucket apart, the same table entry or
+    # safe config) but other chunk counts / list widths (8 vs 32 triangle chunks): arguments the
+    # kernels are not specialized on, so the second length compiles nothing.
+    from sparse_kernels.tuning.cases import CASES, TuneShape
+
+    shape = TuneShape(28, 4, 128, "bfloat16")
+    dev = torch.device("cuda")
+    first = CASES[op].prepare(shape, 8192, dev)
+    first.run(None)
+    second = CASES[op].prepare(shape, 32768, dev)
+    with CompileLog() as log:
+        second.run(None)
+        torch.cuda.synchronize()
+    assert not kernels & set(log.by_kernel()), log.by_kernel()

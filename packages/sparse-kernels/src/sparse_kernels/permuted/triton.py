@@ -215,7 +215,9 @@ def _permuted_blocks_inner(
     return acc, l_i, m_i
 
 
-@triton.jit
+# The list widths only bound list walks: not specialized on, so a new length that changes them
+# reuses the compiled binary (Triton compiles one per divisibility-by-16 of each int argument).
+@triton.jit(do_not_specialize=["idx_width", "fidx_width", "run_width"])
 def _permuted_fwd_kernel(
     q_ptr,
     k_ptr,

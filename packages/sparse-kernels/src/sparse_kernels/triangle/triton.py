@@ -63,7 +63,10 @@ def _tile_ptrs(base, b, h, rows, offs_d, stride_b, stride_h, stride_s, stride_d)
     )
 
 
-@triton.jit
+# Triton compiles one binary per divisibility-by-16 of each int argument; the chunk count only
+# counts loop steps and workspace rows, so it is not specialized on (no second binary when a
+# new length changes it).
+@triton.jit(do_not_specialize=["n_chunks"])
 def _triangle_fwd_kernel(
     q_ptr,
     k_ptr,
@@ -232,7 +235,7 @@ def _triangle_fwd_kernel(
         tl.store(lse_ptr + (b * H + h).to(tl.int64) * S_Q + offs_m, lse, mask=o_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_chunks"])
 def _triangle_merge_kernel(
     ws_out_ptr,
     ws_lse_ptr,

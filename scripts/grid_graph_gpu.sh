@@ -11,7 +11,7 @@ TAG=$1; RUNS=${2:-3}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } > $OUT/env.txt 2>&1
 if [ -n "${TESTS:-}" ]; then
-  SPARSE_KERNELS_AUTOTUNE=0 timeout ${TESTS_TIMEOUT:-400} python3 -m pytest $TESTS -m "not slow" -q -n 8 -p no:cacheprovider > $OUT/tests-$TAG.txt 2>&1
+  timeout ${TESTS_TIMEOUT:-400} python3 -m pytest $TESTS -m "not slow" -q -n 8 -p no:cacheprovider > $OUT/tests-$TAG.txt 2>&1
   tail -3 $OUT/tests-$TAG.txt
 fi
 for r in $(seq 1 $RUNS); do

@@ -4,7 +4,7 @@ against exact (``AShape(exact=True)``, ``sparse_kernels.triangle_attention`` wit
 One layer of the Qwen2.5-VL-7B attention shape (H=28, H_KV=4, D=128, bf16, random q/k/v), every
 head the same A-shape; per (length, sink, window): the plan (``plan_layer``) and the kernel
 (``BlockPlan.run``) timed apart, CUDA events, median of ``--repeat`` calls after one warm-up
-(which autotunes), and cuDNN dense causal SDPA on the same tensors as the roof. The two outputs
+(which looks its launch config up), and cuDNN dense causal SDPA on the same tensors as the roof. The two outputs
 are compared against each other on the last 256 rows (they attend different key sets: the
 rounded one a superset, so only a loose agreement is expected; the kernels' own correctness is
 in the tests).

@@ -122,7 +122,7 @@ def test_plan_layer_cuda_synchronisations(monkeypatch, heads, n_reads):
     q, k = _qk(S, device="cuda")
     lay = TokenLayout(torch.full((S,), 2, device="cuda"), tokens_per_frame=16)
     cfgs = [HeadConfig(h) for h in heads]
-    for _ in range(2):  # autotuning, caches and the Grid graph's capture synchronise once
+    for _ in range(2):  # compiles, caches and the Grid graph's capture synchronise once
         plan_layer(q, k, cfgs, lay, block=64)
     torch.cuda.synchronize()
     waits = []

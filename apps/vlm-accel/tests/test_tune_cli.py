@@ -49,8 +49,10 @@ def test_help_is_fast_imports_no_torch_and_shows_examples():
         (["tune", "--model", "tiny", "--lengths", "1K", "--ops", "dense"], "got 'dense'"),
         (["warmup", "--model", "tiny", "--lengths", "1K", "--method", "fast"], "'fast'"),
         (["warmup", "--model", "tiny"], "--lengths"),
+        (["warmup", "--model", "tiny", "--lengths", "1K", "--fused", "--mlp-chunk", "0"],
+         "argument --mlp-chunk: expected an integer >= 1, got 0"),
     ],
-)
+)  # fmt: skip
 def test_usage_errors_exit_2_with_one_line(capsys, argv, msg):
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -102,6 +104,20 @@ def test_attention_shape_of_a_preset_the_tiny_model_and_a_checkpoint(tmp_path):
     assert (kernels.run_dtype("tiny"), kernels.run_dtype(str(tmp_path))) == ("float32", "bfloat16")
 
 
+def test_fused_shape_of_a_preset_the_tiny_model_and_a_checkpoint(tmp_path):
+    from vlm_accel.models import tiny_config
+
+    for name in kernels.PRESETS:  # the presets' norms are as wide as their attention
+        s, w = kernels.attention_shape(name, "bfloat16"), kernels.fused_shape(name)
+        assert w.hidden == s.heads * s.head_dim and w.intermediate > w.hidden, name
+    cfg = tiny_config("qwen2_5_vl")
+    text = cfg.get_text_config()
+    want = kernels.FusedShape(text.hidden_size, text.intermediate_size, text.rms_norm_eps)
+    assert kernels.fused_shape("tiny") == want
+    cfg.save_pretrained(tmp_path)
+    assert kernels.fused_shape(str(tmp_path)) == want
+
+
 def test_warmup_lengths_add_a_length_off_the_multiples_of_16():
     assert kernels.warmup_lengths([K128, 1 << 20, K128]) == [K128, K128 - 1, 1 << 20, (1 << 20) - 1]
 
@@ -123,6 +139,28 @@ def test_warmup_plan_per_method():
     ]  # fmt: skip
     with pytest.raises(CliError, match="needs --config"):
         plan("mminference", [K128], num_layers=4, start_layer=None)
+
+
+def test_warmup_plan_adds_the_fused_ops_with_fused_only():
+    plan = kernels.warmup_plan
+    assert all(s.kind != "fused" for s in plan("trianglemix", [K128], num_layers=28,
+                                                 start_layer=14))  # fmt: skip
+    tri = plan("trianglemix", [K128], num_layers=28, start_layer=14, fused=True)
+    assert [(s.kind, s.length, s.pieces) for s in tri] == [
+        ("triangle", K128, ()), ("fused", K128, ((0, K128),)),
+        ("triangle", K128 - 1, ()), ("fused", K128 - 1, ((0, K128 - 1),)),
+    ]  # fmt: skip
+    dense = plan("dense", [K128], num_layers=28, start_layer=None, fused=True)
+    assert [(s.kind, s.length) for s in dense] == [("fused", K128), ("fused", K128 - 1)]
+    # --mlp-chunk 16384: K128 is 8 full chunks (one variant), K128 - 1 adds the 16383-row tail
+    chunked = plan("dense", [K128], num_layers=28, start_layer=None, fused=True,
+                   mlp_chunk=16384)  # fmt: skip
+    assert [s.pieces for s in chunked] == [((0, 16384),), ((7 * 16384, 16383),)]
+    # chunks of 40 rows start at rows 0, 40, 80, ...: two alignments modulo 16 rows
+    odd = plan("dense", [130], num_layers=2, start_layer=None, fused=True, mlp_chunk=40)
+    assert [s.pieces for s in odd] == [((0, 40), (40, 40), (120, 10)), ((120, 9),)]
+    assert kernels.mlp_pieces(130, 40) == [(0, 40), (40, 40), (80, 40), (120, 10)]
+    assert kernels.mlp_pieces(40, 40) == kernels.mlp_pieces(40, None) == [(0, 40)]
 
 
 def test_warmup_steps_run_the_methods_attention_ops():
@@ -201,9 +239,99 @@ def test_tune_passes_the_models_shape_and_flags_to_the_tuner(on_cpu, monkeypatch
     assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 't.json'}: 2 entries tuned")
 
 
+def test_warmup_flags_of_the_fused_ops_are_checked(on_cpu, capsys, tmp_path):
+    argv = ["warmup", "--model", "tiny", "--lengths", "1K", "--mlp-chunk", "512"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--mlp-chunk: expected it with --fused" in err and "512 without --fused" in err
+    assert len(err.strip().splitlines()) == 1
+    from vlm_accel.models import tiny_config
+
+    cfg = tiny_config("qwen2_5_vl")
+    cfg.text_config.hidden_act = "gelu"
+    cfg.save_pretrained(tmp_path)
+    assert main(["warmup", "--model", str(tmp_path), "--lengths", "1K", "--fused"]) == 3
+    err = capsys.readouterr().err
+    assert "--fused: expected a language model with a SiLU-gated MLP" in err and "'gelu'" in err
+
+
+def _signature(value):
+    """What makes Triton choose a variant: a tensor's shape, strides, dtype and 16-byte
+    alignment; any other argument as it is."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape), value.stride(), value.dtype, value.data_ptr() % 16 == 0
+    return value
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """The calls of the fused ops, as signatures, through ``sparse_kernels.fused`` and the HF
+    integration's own names for them."""
+    import sparse_kernels.fused as ops
+    import sparse_kernels.integrations.hf as hf
+
+    calls = set()
+
+    def recording(name, fn):
+        def record(*args, **kw):
+            calls.add((name, tuple(map(_signature, args)),
+                       tuple(sorted((k, _signature(v)) for k, v in kw.items()))))  # fmt: skip
+            return fn(*args, **kw)
+
+        return record
+
+    for name in ("rms_norm", "silu_mul", "rotary"):
+        record = recording(name, getattr(ops, name))
+        monkeypatch.setattr(ops, name, record)
+        monkeypatch.setattr(hf, name, record)
+    return calls
+
+
+def test_fused_warmup_makes_the_calls_of_a_fused_chunked_prefill(fused_calls):
+    """Every fused-op call of the tiny model's ``prefill(fused=True, chunk=...)`` is one the
+    warmup of its length makes: same op, shapes, strides, dtypes, alignment and keywords."""
+    from modality_index.integrations.hf import sample_clip_path
+    from vlm_accel import engine
+
+    model = engine.tiny_demo_model()
+    inputs, _ = engine.video_inputs(model, None, str(sample_clip_path()), "q", frames=4,
+                                    max_pixels=12544)  # fmt: skip
+    S = inputs["input_ids"].shape[1]
+    chunk = 24  # not a multiple of 16: chunks start at two alignments
+    assert 2 * chunk < S and S % chunk
+    engine.prefill(model, inputs, chunk=chunk, fused=True)
+    prefill = set(fused_calls)
+    assert {c[0] for c in prefill} == {"rms_norm", "silu_mul", "rotary"}
+    fused_calls.clear()
+    steps = kernels.warmup_plan("dense", [S], num_layers=None, start_layer=None, fused=True,
+                                mlp_chunk=chunk)  # fmt: skip
+    kernels.run_warmup(steps, kernels.attention_shape("tiny", "float32"), device="cpu",
+                       fused=kernels.fused_shape("tiny"))  # fmt: skip
+    assert prefill <= fused_calls, prefill - fused_calls
+    with pytest.raises(ValueError, match="expected fused=FusedShape"):
+        kernels.run_warmup(steps, kernels.attention_shape("tiny", "float32"), device="cpu")
+
+
 def test_warmup_command_runs_its_plan_and_prints_the_summary(on_cpu, capsys):
     assert main(["warmup", "--model", "tiny", "--lengths", "700", "--start-layer", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("warmup trianglemix at 700 tokens: 0 kernel variants compiled or loaded")
     assert main(["warmup", "--model", "tiny", "--lengths", "700", "--method", "dense"]) == 0
     assert "nothing to compile" in capsys.readouterr().out
+
+
+def test_warmup_command_with_fused_runs_the_fused_ops(on_cpu, capsys, fused_calls):
+    argv = ["warmup", "--model", "tiny", "--lengths", "700", "--start-layer", "1", "--fused",
+            "--mlp-chunk", "256"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("warmup trianglemix --fused at 700 tokens: ")
+    assert "Triton's disk cache holds them" in out
+    rotary_lengths = {c[1][0][0][2] for c in fused_calls if c[0] == "rotary"}
+    norm_rows = {c[1][0][0][1] for c in fused_calls if c[0] == "rms_norm"}
+    assert rotary_lengths == {700, 699} and norm_rows == {256, 188, 187}
+    fused_calls.clear()
+    assert main(["warmup", "--model", "tiny", "--lengths", "700", "--method", "dense",
+                 "--fused"]) == 0  # fmt: skip
+    assert capsys.readouterr().out.startswith("warmup dense --fused at 700 tokens: ")
+    assert {c[0] for c in fused_calls} == {"rms_norm", "silu_mul", "rotary"}

@@ -517,7 +517,14 @@ def cmd_tune(args) -> int:
 
 
 def cmd_warmup(args) -> int:
+    if args.mlp_chunk is not None and not args.fused:
+        raise CliError(
+            f"--mlp-chunk: expected it with --fused (only the fused norms and MLP gates run per "
+            f"chunk), got --mlp-chunk {args.mlp_chunk} without --fused",
+            EXIT_USAGE,
+        )
     shape = kernels.attention_shape(args.model, args.dtype or kernels.run_dtype(args.model))
+    widths = kernels.fused_shape(args.model) if args.fused else None
     cfg = args.pattern_config
     if cfg is not None and (
         cfg.num_heads != shape.heads or shape.layers not in (None, cfg.num_layers)
@@ -534,20 +541,28 @@ def cmd_warmup(args) -> int:
     if n is not None and "trianglemix" in args.method:
         start = _start_layer(args, n)
     steps = kernels.warmup_plan(args.method, args.lengths, num_layers=n, start_layer=start,
-                                pattern_layers=cfg.layers if cfg else None)  # fmt: skip
+                                pattern_layers=cfg.layers if cfg else None, fused=args.fused,
+                                mlp_chunk=args.mlp_chunk)  # fmt: skip
     if not steps:
-        print(f"warmup {args.method}: nothing to compile (its attention is torch SDPA)")
+        print(f"warmup {args.method}: nothing to compile (its attention is torch SDPA; --fused "
+              f"warms the fused per-token ops)")  # fmt: skip
         return EXIT_OK
 
     def say(step) -> None:
-        what = "triangle layers" if step.kind == "triangle" else f"MMInference layer {step.layer}"
-        _say(args, f"warmup: {what} at {step.length} tokens ({_shape_note(shape)})")
+        what = {"triangle": "triangle layers", "mminference": f"MMInference layer {step.layer}",
+                "fused": "fused norms, MLP gates and rotary step"}[step.kind]  # fmt: skip
+        note = _shape_note(shape)
+        if step.kind == "fused":
+            note += f" hidden={widths.hidden} intermediate={widths.intermediate}"
+        _say(args, f"warmup: {what} at {step.length} tokens ({note})")
 
     with kernels.compiling(no_progress=args.no_progress) as log:
         kernels.run_warmup(steps, shape, device=args.device,
                            pattern_layers=cfg.layers if cfg else None,
-                           tokens_per_frame=args.tokens_per_frame, on_step=say)  # fmt: skip
-    print(f"warmup {args.method} at {_lengths_note(args.lengths)} tokens: {log.summary()}; "
+                           tokens_per_frame=args.tokens_per_frame, fused=widths,
+                           on_step=say)  # fmt: skip
+    what = args.method + (" --fused" if args.fused else "")
+    print(f"warmup {what} at {_lengths_note(args.lengths)} tokens: {log.summary()}; "
           f"Triton's disk cache holds them for later runs")  # fmt: skip
     return EXIT_OK
 
@@ -709,7 +724,8 @@ examples:
 examples:
   vlm-accel warmup --model /models/Qwen2.5-VL-7B-Instruct --lengths 128K,256K
   vlm-accel warmup --model /models/Qwen2.5-VL-7B-Instruct --lengths 1M \\
-      --method mminference+trianglemix --config qwen25vl7b-patterns.json""",
+      --method mminference+trianglemix --config qwen25vl7b-patterns.json
+  vlm-accel warmup --model qwen2.5-vl-7b --lengths 1M --fused --mlp-chunk 16384""",
 }
 
 _DESCRIPTIONS = {
@@ -737,7 +753,8 @@ _DESCRIPTIONS = {
     "uses, into Triton's on-disk cache (~/.triton/cache, or $TRITON_CACHE_DIR), so the first "
     "prefill of a later run does not compile: each distinct attention of the method's layers "
     "runs once per length on random inputs of the model's attention shape, for a fraction of a "
-    "prefill's time. Prints how many variants were compiled or loaded.",
+    "prefill's time; with --fused (as the later runs take it, with their --mlp-chunk) the fused "
+    "norms, MLP gates and rotary step too. Prints how many variants were compiled or loaded.",
 }
 
 
@@ -950,6 +967,13 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--tokens-per-frame", type=_int_at_least(1), default=256,
                    help="video tokens per frame of the warmup's layout (the Grid patterns' "
                    "stride prior)")  # fmt: skip
+    _fused_arg(u)
+    u.add_argument(
+        "--mlp-chunk",
+        type=_int_at_least(1),
+        help="with --fused: the --mlp-chunk of the later runs (their norms and MLPs run in "
+        "chunks of this many tokens; default: whole)",
+    )
     u.set_defaults(fn=cmd_warmup)
     return p
 

@@ -11,8 +11,10 @@ MMInference + TriangleMix within 2 points of Spava. Shapes: TriangleMix from lay
 gradient probe's start layer), sink 64, window 128; MMInference Vertical-Slash on every head
 (64 columns, 128 diagonals, last 64 queries).
 
-Measured (2 ranks, 20 samples, n = 2267): see results/spava/spava-sparse-quality-smollm2-cpu.jsonl
-and docs in packages/seqpar-approx/README.md; command::
+Measured 2026-11-26 (2 ranks, 20 samples, n = 2267, query 16 tokens, l_a = 35, l_p = 17; 45 min on
+a shared 2-core CPU): dense 100%, Star 20%, Spava 100%, Spava + TriangleMix 100%, Spava + MMInference
+100%, Spava + MMInference + TriangleMix 100%. Per-sample predictions:
+results/spava/spava-sparse-quality-smollm2-cpu.jsonl. Command::
 
     SPAVA_QUALITY_JSON=results/spava/spava-sparse-quality-smollm2-cpu.jsonl \
     TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= .venv/bin/python -m pytest \

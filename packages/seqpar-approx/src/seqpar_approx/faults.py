@@ -60,9 +60,13 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 300.0) ->
         return 0, 1
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = None
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+        torch.cuda.set_device(device)
+    # With device_id, NCCL builds its communicator here (eager init) instead of inside the first
+    # collective, which would otherwise fall into the first request's time to first token.
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), device_id=device)
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -95,3 +95,37 @@ def test_vlm_config_sizes_are_checked_against_the_text_config():
         apply_pattern_config(model, PatternConfig("x", 3, 4, (vs * 4,) * 3))
     with pytest.raises(ValueError, match="8 query heads per layer, the model has 4"):
         apply_pattern_config(model, PatternConfig("x", 2, 8, (vs * 8,) * 2))
+
+
+def test_nested_configs_undo_in_reverse_order_to_the_exact_previous_state():
+    from sparse_kernels.integrations.hf import AttentionSwap
+
+    model = _tiny_llama()
+    model.set_attn_implementation("eager")
+    ids = _ids(300)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    sparse = PatternConfig("tiny-llama", 2, 4, ((HeadConfig(AShape(sink=4, window=32)),) * 4,) * 2)
+    dense = PatternConfig("tiny-llama", 2, 4, ((HeadConfig(Dense()),) * 4,) * 2)
+    outer = apply_pattern_config(model, sparse, block=32, min_sparse_len=64)
+    assert isinstance(outer, AttentionSwap)
+    with torch.no_grad():
+        sparse_out = model(input_ids=ids).logits
+        with apply_pattern_config(model, dense, block=32, min_sparse_len=64):
+            torch.testing.assert_close(model(input_ids=ids).logits, ref, rtol=2e-4, atol=2e-4)
+        assert torch.equal(model(input_ids=ids).logits, sparse_out)
+    outer.remove()
+    assert model.config._attn_implementation == "eager"
+    assert not torch.allclose(sparse_out, ref, atol=1e-3)
+
+
+def test_vlm_language_model_attention_only_is_swapped():
+    from modality_index.integrations.hf import tiny_qwen2_5_vl_config
+
+    model = transformers.Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config(layers=2))
+    cfg = PatternConfig("x", 2, 4, ((HeadConfig(Dense()),) * 4,) * 2)
+    vision = model.config.vision_config._attn_implementation
+    with apply_pattern_config(model, cfg) as h:
+        assert model.config.text_config._attn_implementation == h.name
+        assert model.config.vision_config._attn_implementation == vision
+    assert model.config.text_config._attn_implementation == vision  # both were set alike

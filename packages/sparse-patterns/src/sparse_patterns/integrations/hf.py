@@ -1,8 +1,9 @@
 """HuggingFace transformers integration (imported only here; transformers is loaded lazily).
 
-* :func:`apply_pattern_config` registers an attention function with
-  ``transformers.AttentionInterface`` and switches the model to it; it returns a
-  :class:`Handle` whose ``remove()`` restores the previous attention implementation.
+* :func:`apply_pattern_config` runs the model's decoder attention through MMInference (by
+  :func:`sparse_kernels.integrations.hf.swap_attention`, under the name ``ATTN_NAME``); it
+  returns the swap's :class:`~sparse_kernels.integrations.hf.AttentionSwap`, whose
+  ``remove()`` restores the previous attention implementation.
 * The attention function reads ``module.layer_idx``, takes the layer's heads from the
   :class:`~sparse_patterns.config.PatternConfig` and the token layout from, in order: the
   ``modality_layout`` kwarg of the forward call (HF forwards extra kwargs to attention
@@ -21,18 +22,19 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
+from sparse_kernels.integrations.hf import AttentionSwap, swap_attention
 
 from ..config import PatternConfig
+
+ATTN_NAME = "sparse_patterns_mminference"
+CAPTURE_NAME = "sparse_patterns_capture"
 
 _LAYOUT: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "sparse_patterns_layout", default=None
 )
-_names = itertools.count()
 
 
 @contextlib.contextmanager
@@ -112,46 +114,12 @@ def make_attention_function(
     return attention_fn
 
 
-def _set_impl(model, name: str) -> None:
-    # A VLM: only its language model gets the function (vision attention has no layer_idx).
-    subs = getattr(model.config, "sub_configs", None) or {}
-    target = {"text_config": name} if "text_config" in subs and name is not None else name
-    if hasattr(model, "set_attn_implementation"):
-        try:
-            model.set_attn_implementation(target)
-            return
-        except (ValueError, TypeError, KeyError):
-            pass
-    model.config._attn_implementation = name
-    for m in model.modules():
-        cfg = getattr(m, "config", None)
-        if cfg is not None and hasattr(cfg, "_attn_implementation"):
-            cfg._attn_implementation = name
-
-
-@dataclass
-class Handle:
-    """Undo handle: ``remove()`` restores the model's previous attention implementation."""
-
-    model: object
-    previous: str | None
-    name: str
-
-    def remove(self) -> None:
-        _set_impl(self.model, self.previous or "sdpa")
-
-    def __enter__(self) -> Handle:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()
-
-
 def apply_pattern_config(
     model, config: PatternConfig, *, block: int = 64, min_sparse_len: int = 256, impl: str = "auto"
-) -> Handle:
-    """Switch ``model`` to MMInference attention driven by ``config``; returns a :class:`Handle`."""
-    tf = _transformers()
+) -> AttentionSwap:
+    """Switch ``model``'s decoder attention to MMInference driven by ``config``; returns the
+    :class:`~sparse_kernels.integrations.hf.AttentionSwap` whose ``remove()`` undoes it."""
+    _transformers()
     text = model.config.get_text_config()  # a VLM's language-model sizes
     n_layers = getattr(text, "num_hidden_layers", None)
     n_heads = getattr(text, "num_attention_heads", None)
@@ -164,13 +132,8 @@ def apply_pattern_config(
             f"PatternConfig is for {config.num_heads} query heads per layer, the model has "
             f"{n_heads}"
         )
-    name = f"sparse_patterns_mminference_{next(_names)}"
-    tf.AttentionInterface.register(
-        name, make_attention_function(config, block=block, min_sparse_len=min_sparse_len, impl=impl)
-    )
-    previous = getattr(model.config, "_attn_implementation", None)
-    _set_impl(model, name)
-    return Handle(model, previous, name)
+    fn = make_attention_function(config, block=block, min_sparse_len=min_sparse_len, impl=impl)
+    return swap_attention(model, fn, name=ATTN_NAME)
 
 
 def capture_qkv(
@@ -178,7 +141,7 @@ def capture_qkv(
 ) -> list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Run ``model(**inputs)`` once (no grad) and return ``(layer_idx, q, k, v)`` for the
     requested layers (post-RoPE, ``[B, H, S, D]`` / ``[B, H_KV, S, D]``, on their device)."""
-    tf = _transformers()
+    _transformers()
     want = None if layers is None else set(int(x) for x in layers)
     got: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
@@ -188,13 +151,6 @@ def capture_qkv(
             got.append((li, query.detach().clone(), key.detach().clone(), value.detach().clone()))
         return _dense(query, key, value, scaling).transpose(1, 2).contiguous(), None
 
-    name = f"sparse_patterns_capture_{next(_names)}"
-    tf.AttentionInterface.register(name, fn)
-    previous = getattr(model.config, "_attn_implementation", None)
-    _set_impl(model, name)
-    try:
-        with torch.no_grad():
-            model(**inputs)
-    finally:
-        _set_impl(model, previous or "sdpa")
+    with swap_attention(model, fn, name=CAPTURE_NAME), torch.no_grad():
+        model(**inputs)
     return sorted(got, key=lambda t: t[0])

@@ -25,7 +25,8 @@ CPU dry run (Triton interpreter, tiny sizes; a check of the logic, not a figure)
 
 One layer per case, called as a model calls it (plan + run): the old tree through
 ``mminference_attention``; a tree that has ``MMInferencePlanner`` through one planner object
-held across the calls of a case. Cases, at the Qwen2.5-VL-7B attention shape by default:
+held across the calls of a case (``--new-api functions``: its thin functions instead). Cases,
+at the Qwen2.5-VL-7B attention shape by default:
 
 * ``grid``: every head ``Grid`` (stride searched, vertical and slash lines) on an all-video
   layout with ``--tokens-per-frame`` tokens per frame;
@@ -212,11 +213,14 @@ class Layer:
     plan: Callable
 
 
-def layer_of(tree: Tree, head_config, layout, shape: Shape, impl: str) -> Layer:
-    """The tree's per-layer entry: one ``MMInferencePlanner`` where the tree has that class,
-    else ``plan_layer`` / ``mminference_attention``. Call inside ``tree.active()``."""
+def layer_of(
+    tree: Tree, head_config, layout, shape: Shape, impl: str, functions: bool = False
+) -> Layer:
+    """The tree's per-layer entry: one ``MMInferencePlanner`` where the tree has that class and
+    ``functions`` is False, else ``plan_layer`` / ``mminference_attention``. Call inside
+    ``tree.active()``."""
     sp = tree["sparse_patterns"]
-    if hasattr(sp, "MMInferencePlanner"):
+    if hasattr(sp, "MMInferencePlanner") and not functions:
         params = inspect.signature(sp.MMInferencePlanner).parameters
         if not {"block", "impl"} <= params.keys():
             raise TypeError(
@@ -317,7 +321,8 @@ def run_case(case: str, S: int, trees: tuple[Tree, Tree], shape: Shape, args) ->
             hc, layout = case_inputs(
                 case, tree["sparse_patterns"], tree["modality_index"], S, shape
             )
-            layers.append(layer_of(tree, hc, layout, shape, args.impl))
+            functions = args.new_api == "functions"
+            layers.append(layer_of(tree, hc, layout, shape, args.impl, functions))
     plans, outs = [], []
     for tree, layer in zip(trees, layers):
         with tree.active():
@@ -395,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--dtype", default="bfloat16", choices=tuple(DTYPES))
     ap.add_argument("--impl", default="auto", choices=("auto", "triton", "reference"))
+    ap.add_argument("--new-api", default="auto", choices=("auto", "functions"),
+                    help="auto: one MMInferencePlanner per case where the new tree has it; "
+                         "functions: its plan_layer / mminference_attention")  # fmt: skip
     ap.add_argument("--heads", type=int, default=28)
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=128)
@@ -455,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         "old_sparse_patterns": old["sparse_patterns"].__file__, "new_sparse_patterns": str(new_file),
         "shape": {"B": 1, "H": shape.heads, "H_KV": shape.kv_heads, "D": shape.head_dim,
                   "dtype": args.dtype, "tokens_per_frame": P, "block": shape.block},
-        "impl": args.impl, "reps": args.reps, "warmup": args.warmup,
+        "impl": args.impl, "new_api": args.new_api, "reps": args.reps, "warmup": args.warmup,
     }  # fmt: skip
     print(json.dumps(env), flush=True)
     rows, failed = [], []

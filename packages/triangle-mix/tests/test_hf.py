@@ -158,3 +158,27 @@ def test_dynamic_layers_call_the_estimator():
             got = model(ids).logits
     assert calls == [0, 1, 2, 3]
     torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_nested_policies_undo_in_reverse_order():
+    from sparse_kernels.integrations.hf import AttentionSwap
+
+    model = _tiny("llama")
+    ids = _ids(B=1, S=40)
+    with torch.no_grad():
+        ref = model(ids).logits
+        outer = apply_triangle_mix(model, LayerPolicy.dense(4, **SHAPE))
+        assert isinstance(outer, AttentionSwap)
+        with apply_triangle_mix(model, LayerPolicy.streaming_everywhere(4, **SHAPE)):
+            sparse = model(ids).logits
+        assert torch.equal(model(ids).logits, ref)  # the outer dense policy is back
+        outer.remove()
+        outer.remove()
+        assert torch.equal(model(ids).logits, ref)
+    assert not torch.allclose(sparse, ref, atol=1e-3)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_model_without_attention_modules_is_refused():
+    with pytest.raises(NotImplementedError, match="no attention modules"):
+        apply_triangle_mix(torch.nn.Linear(2, 2), LayerPolicy.dense(1))

@@ -18,8 +18,8 @@ import json
 from dataclasses import asdict, dataclass
 
 import torch
+from sparse_kernels.integrations.hf import swap_attention
 
-from .integrations.hf import _transformers
 from .prompts import encode_for_model, kv_retrieval_prompt, pairs_for_tokens
 
 PROBE_ATTN_NAME = "triangle_mix_probe"
@@ -178,7 +178,6 @@ def probe_start_layer(
     (paper: 100 samples of ~2K tokens, sink 64, window 128, last 128). ``model`` is a causal
     LM or a VLM (the probe runs its language model on text); ``model_id`` is stored in the
     result."""
-    tf, _, _ = _transformers()
     # A VLM's config keeps the language model's sizes in its text config.
     n_layers = model.config.get_text_config().num_hidden_layers
     acc = _Acc(n_layers)
@@ -192,14 +191,12 @@ def probe_start_layer(
         )
         return out.transpose(1, 2).contiguous(), None
 
-    tf.AttentionInterface.register(PROBE_ATTN_NAME, fn)
-    previous = model.config._attn_implementation
+    n_pairs = pairs_for_tokens(tokenizer, tokens)
+    lengths = []
+    swap = swap_attention(model, fn, name=PROBE_ATTN_NAME)
     req = [p.requires_grad for p in model.parameters()]
     for p in model.parameters():
         p.requires_grad_(False)
-    model.set_attn_implementation(PROBE_ATTN_NAME)
-    n_pairs = pairs_for_tokens(tokenizer, tokens)
-    lengths = []
     try:
         emb = model.get_input_embeddings()
         for s in range(samples):
@@ -211,7 +208,7 @@ def probe_start_layer(
             logits[0, -1, gt].backward()
             lengths.append(ids.shape[1])
     finally:
-        model.set_attn_implementation(previous)
+        swap.remove()
         for p, r in zip(model.parameters(), req):
             p.requires_grad_(r)
     mean = lambda t: tuple(float(x) / samples for x in t)

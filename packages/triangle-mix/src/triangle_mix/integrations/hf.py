@@ -1,8 +1,9 @@
 """TriangleMix for HuggingFace transformers models (Llama and Qwen2 families first).
 
-:func:`apply_triangle_mix` registers an attention function through transformers'
-``AttentionInterface`` under the name ``"triangle_mix"`` and switches the model to it; the
-function reads ``module.layer_idx`` and runs that layer's kind from the :class:`LayerPolicy`:
+:func:`apply_triangle_mix` runs the model's decoder attention through a function (by
+:func:`sparse_kernels.integrations.hf.swap_attention`, under the name ``"triangle_mix"``, with
+SDPA's mask) that reads ``module.layer_idx`` and runs that layer's kind from the
+:class:`LayerPolicy`:
 
 - ``dense`` layers call transformers' own SDPA attention with the same arguments, so an
   all-dense policy reproduces the unpatched (``sdpa``) model bit for bit;
@@ -18,42 +19,39 @@ longer cache) in non-dense layers.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from sparse_kernels import attention, triangle_attention
+from sparse_kernels.integrations.hf import AttentionSwap, attention_modules, swap_attention
 
 from ..policy import DynamicAttention, LayerPolicy
 
 ATTN_NAME = "triangle_mix"
-_STATE_ATTR = "_triangle_mix_state"
 
 
-@dataclass
+@dataclass(frozen=True)
 class _State:
     policy: LayerPolicy
     dynamic: DynamicAttention | None
+    sdpa_forward: Callable  # transformers' own SDPA attention function
 
 
 def _transformers():
     try:
-        import transformers
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     except ImportError as e:  # pragma: no cover - exercised only without the extra
         raise ImportError(
             "triangle_mix.integrations.hf needs transformers: pip install 'triangle-mix[hf]'"
         ) from e
-    return transformers, sdpa_attention_forward, ALL_MASK_ATTENTION_FUNCTIONS
+    return sdpa_attention_forward
 
 
-def _attention_fn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    _, sdpa_forward, _ = _transformers()
-    st: _State | None = getattr(module, _STATE_ATTR, None)
-    if st is None:
-        raise RuntimeError(
-            f"attn_implementation={ATTN_NAME!r} needs triangle_mix.integrations.hf.apply_triangle_mix(model, policy)"
-        )
+def _attention_fn(
+    st: _State, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
     layer = int(module.layer_idx)
     pol = st.policy
     if layer >= pol.num_layers:
@@ -64,7 +62,7 @@ def _attention_fn(module, query, key, value, attention_mask, scaling=None, dropo
     decoding = S_Q == 1 and S_KV > 1
     last_row = pol.last_row_only and layer == pol.num_layers - 1 and S_Q > 1
     if (kind == "dense" and not last_row) or decoding:
-        return sdpa_forward(
+        return st.sdpa_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     if attention_mask is not None:
@@ -94,58 +92,15 @@ def _attention_fn(module, query, key, value, attention_mask, scaling=None, dropo
     return out.transpose(1, 2).contiguous(), None
 
 
-def register() -> str:
-    """Register the attention function (and SDPA's mask builder) with transformers."""
-    tf, _, masks = _transformers()
-    tf.AttentionInterface.register(ATTN_NAME, _attention_fn)
-    masks.register(ATTN_NAME, masks["sdpa"])
-    return ATTN_NAME
-
-
-def _attention_modules(model):
-    return [
-        m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")
-    ]
-
-
-def _set_impl(model, name: str | None) -> None:
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
-    else:  # pragma: no cover - older transformers
-        model.config._attn_implementation = name
-
-
-class TriangleMixHandle:
-    """Undo handle returned by :func:`apply_triangle_mix` (also a context manager)."""
-
-    def __init__(self, model, modules, previous):
-        self._model, self._modules, self._previous = model, modules, previous
-        self.active = True
-
-    def remove(self) -> None:
-        if not self.active:
-            return
-        for m in self._modules:
-            if hasattr(m, _STATE_ATTR):
-                delattr(m, _STATE_ATTR)
-        _set_impl(self._model, self._previous)
-        self.active = False
-
-    def __enter__(self) -> TriangleMixHandle:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()
-
-
 def apply_triangle_mix(
     model, policy: LayerPolicy, *, dynamic: DynamicAttention | None = None
-) -> TriangleMixHandle:
-    """Run ``model``'s attention layers by ``policy``; returns a handle whose ``remove()`` restores
-    the previous attention implementation exactly."""
+) -> AttentionSwap:
+    """Run ``model``'s attention layers by ``policy``; returns the
+    :class:`~sparse_kernels.integrations.hf.AttentionSwap` whose ``remove()`` (or ``with``-exit)
+    restores the previous attention implementation exactly."""
     if not isinstance(policy, LayerPolicy):
         raise TypeError(f"policy: expected a LayerPolicy, got {type(policy).__name__}")
-    mods = _attention_modules(model)
+    mods = attention_modules(model)
     if not mods:
         raise NotImplementedError(
             f"{type(model).__name__}: no attention modules with a layer_idx found (supported: Llama, Qwen2 families)"
@@ -159,10 +114,5 @@ def apply_triangle_mix(
         raise TypeError(
             f"dynamic: expected a callable DynamicAttention, got {type(dynamic).__name__}"
         )
-    previous = getattr(model.config, "_attn_implementation", None)
-    register()
-    state = _State(policy, dynamic)
-    for m in mods:
-        setattr(m, _STATE_ATTR, state)
-    _set_impl(model, ATTN_NAME)
-    return TriangleMixHandle(model, mods, previous)
+    fn = functools.partial(_attention_fn, _State(policy, dynamic, _transformers()))
+    return swap_attention(model, fn, name=ATTN_NAME, mask="sdpa")

@@ -20,7 +20,8 @@ import json
 import statistics
 from contextlib import contextmanager
 
-import sparse_patterns.mminference as MM
+import sparse_patterns.planner.static as static_planner
+import sparse_patterns.planner.vertical_slash as vs_planner
 import torch
 from sparse_patterns import AShape, Grid, HeadConfig, TokenLayout, VerticalSlash, plan_layer
 from sparse_patterns.plan import a_shape_lists, vertical_slash_lists
@@ -62,12 +63,12 @@ def _lines_ashape(sink, window, S, blk, device):
 @contextmanager
 def _forced(vs, ashape):
     """plan_layer with one builder forced (``path="auto"`` otherwise)."""
-    saved = MM.vertical_slash_lists, MM.a_shape_lists
-    MM.vertical_slash_lists, MM.a_shape_lists = vs, ashape
+    saved = vs_planner.vertical_slash_lists, static_planner.a_shape_lists
+    vs_planner.vertical_slash_lists, static_planner.a_shape_lists = vs, ashape
     try:
         yield
     finally:
-        MM.vertical_slash_lists, MM.a_shape_lists = saved
+        vs_planner.vertical_slash_lists, static_planner.a_shape_lists = saved
 
 
 def _mix(heads: int = 28, kv_heads: int = 4, tpf: int = 256):

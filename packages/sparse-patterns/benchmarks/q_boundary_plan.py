@@ -4,7 +4,7 @@ One layer of the Qwen2.5-VL-7B attention shape (H=28, H_KV=4, D=128, bf16, rando
 MM-NIAH-like layout (text 1024 / video 3072 repeated, 512 text tokens at the end: 25% text),
 every head the same pattern with ``QBoundary()`` or ``TwoDBoundary(cross_vertical=256)``:
 ``AShape(168, 5390)`` and ``VerticalSlash(1000, 2048)``. Per (length, pattern): ``plan_layer`` with the block-level lists
-(``mminference._BOUNDARY_BLOCK_LEVEL = True``) and, up to ``--element-max`` tokens, with the
+(``sparse_patterns.planner.boundary._BOUNDARY_BLOCK_LEVEL = True``) and, up to ``--element-max`` tokens, with the
 element path; wall time with a device sync, median of ``--repeat`` after one warm-up; whether
 the two plans' lists are equal; and the kernel (``BlockPlan.run``) and cuDNN dense causal for
 scale.
@@ -61,7 +61,7 @@ def _wall_ms(fn, repeat: int) -> tuple[float, object]:
 
 
 def _pattern_row(name: str, q, k, v, lay, pname: str, pat, bname: str, dense_ms: float, a):
-    from sparse_patterns import mminference
+    from sparse_patterns.planner import boundary
 
     S = q.shape[2]
     heads = [HeadConfig(pat, BOUNDARIES[bname])] * q.shape[1]
@@ -69,7 +69,7 @@ def _pattern_row(name: str, q, k, v, lay, pname: str, pat, bname: str, dense_ms:
     def plan():
         return plan_layer(q, k, heads, lay, block=64)
 
-    mminference._BOUNDARY_BLOCK_LEVEL = True
+    boundary._BOUNDARY_BLOCK_LEVEL = True
     block_ms, bp = _wall_ms(plan, a.repeat)
     row = {
         "length": name, "S": S, "pattern": pname, "boundary": bname, "block_plan_ms": block_ms,
@@ -78,11 +78,11 @@ def _pattern_row(name: str, q, k, v, lay, pname: str, pat, bname: str, dense_ms:
         "density": float(bp.kv_block_counts.sum()) / (q.shape[1] * (S // 64) ** 2 / 2),
     }  # fmt: skip
     if a.element_max >= S:
-        mminference._BOUNDARY_BLOCK_LEVEL = False
+        boundary._BOUNDARY_BLOCK_LEVEL = False
         try:
             row["element_plan_ms"], ep = _wall_ms(plan, max(1, a.repeat // 3))
         finally:
-            mminference._BOUNDARY_BLOCK_LEVEL = True
+            boundary._BOUNDARY_BLOCK_LEVEL = True
         row["lists_equal"] = bool(
             torch.equal(ep.kv_block_counts, bp.kv_block_counts)
             and torch.equal(ep.kv_block_indices, bp.kv_block_indices)

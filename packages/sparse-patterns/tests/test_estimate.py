@@ -271,7 +271,7 @@ def test_last_line_folds_triton_matches_torch_steps(L):
 def test_plan_layer_grid_uses_folds_only_where_the_period_fits(monkeypatch):
     """Small common period: plan_layer's Grid search calls the fold path and never the full line
     scores; FOLD_MAX_PERIOD below the period: the full line scores. Both find the planted grid."""
-    from sparse_patterns import mminference as MM
+    from sparse_patterns.planner import grid as MM
 
     S = 997
     q, k, _ = planted_grid_qkv(1, 4, 2, S, 64, stride=12, phase=7, vline=True, slash=False, seed=1)
@@ -315,7 +315,7 @@ def test_plan_layer_mixed_vs_grid_layer_passes_over_the_keys_once(monkeypatch):
     made once (the Vertical-Slash group is planned first) and the Grid search folds them, with
     the same plan as when the Grid heads run the fold pass of their own."""
     from sparse_patterns import HeadConfig, VerticalSlash
-    from sparse_patterns import mminference as MM
+    from sparse_patterns.planner import grid as MM
 
     S = 997
     q, k, _ = planted_grid_qkv(1, 4, 2, S, 64, stride=12, phase=7, vline=True, slash=True, seed=2)
@@ -351,7 +351,7 @@ def test_plan_layer_grid_several_periods_make_the_line_scores_once(monkeypatch):
 def _plans_fused_and_not(monkeypatch, q, k, heads, lay, blk):
     """The plan (and the run split ``run`` launches with) of ``_plan_grid`` and of
     ``_plan_grid_fused`` (on the Triton interpreter on the CPU), with which path each took."""
-    from sparse_patterns import mminference as MM
+    from sparse_patterns.planner import grid as MM
 
     took = []
     fused = MM._plan_grid_fused
@@ -422,7 +422,7 @@ def test_plan_layer_fused_grid_lists_launched_before_the_width_read(
     time. With 3 heads and 996 tokens the launch's int32 storage is padded to whole int64."""
     from sparse_kernels.permuted import lists_triton
     from sparse_patterns import HeadConfig
-    from sparse_patterns import mminference as MM
+    from sparse_patterns.planner import grid as MM
 
     monkeypatch.setattr(lists_triton, "_LISTS_BLOCK_W", block_w)
     monkeypatch.setattr(MM, "_GRID_LISTS_CAP", {})
@@ -460,7 +460,7 @@ def test_plan_layer_fused_grid_rows_wider_than_the_lists_kernel(monkeypatch):
     in torch (and ``run`` splits them), with the same plan as the unfused path."""
     from sparse_kernels.permuted import lists_triton
     from sparse_patterns import HeadConfig
-    from sparse_patterns import mminference as MM
+    from sparse_patterns.planner import grid as MM
 
     monkeypatch.setattr(lists_triton, "GRID_LISTS_MAX_WIDTH", 4)
     monkeypatch.setattr(MM, "GRID_LISTS_MAX_WIDTH", 4)
@@ -527,7 +527,7 @@ def test_plan_layer_fused_grid_replays_a_cuda_graph_gpu(monkeypatch, H, H_KV, S)
     graph's memory); a call whose rows are wider than the recorded width (the stride-4 grid)
     launches its lists again after the read and captures a graph that wide for the next call."""
     from sparse_patterns import HeadConfig
-    from sparse_patterns import mminference as MM
+    from sparse_patterns.planner import grid as MM
 
     replays = []
 

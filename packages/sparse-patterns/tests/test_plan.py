@@ -287,7 +287,7 @@ def test_boundary_block_level_lists_equal_the_element_path(spans, blk, boundary,
     """Q- and 2D-Boundary heads of dense, A-shape, TriShape and Vertical-Slash patterns build
     their block lists from row runs at block level; indices, counts and permutations equal the
     element path's exactly."""
-    from sparse_patterns import mminference
+    from sparse_patterns.planner import boundary as boundary_planner
 
     q, k, _, lay = planted_boundary_qkv(spans)
     H = q.shape[1]
@@ -304,12 +304,12 @@ def test_boundary_block_level_lists_equal_the_element_path(spans, blk, boundary,
     for i in range(0, len(pats), H):
         heads = [HeadConfig(p, boundary) for p in (pats[i : i + H] * H)[:H]]
         block = plan_layer(q, k, heads, lay, block=blk)
-        monkeypatch.setattr(mminference, "_BOUNDARY_BLOCK_LEVEL", False)
+        monkeypatch.setattr(boundary_planner, "_BOUNDARY_BLOCK_LEVEL", False)
         element = plan_layer(q, k, heads, lay, block=blk)
-        monkeypatch.setattr(mminference, "_BOUNDARY_BLOCK_LEVEL", True)
+        monkeypatch.setattr(boundary_planner, "_BOUNDARY_BLOCK_LEVEL", True)
         assert torch.equal(block.kv_block_counts, element.kv_block_counts), heads
         assert torch.equal(block.kv_block_indices, element.kv_block_indices), heads
-        monkeypatch.setattr(mminference, "_RANGE_CHUNK_ELEMS", 1)  # one run per batch
+        monkeypatch.setattr(boundary_planner, "_RANGE_CHUNK_ELEMS", 1)  # one run per batch
         batched = plan_layer(q, k, heads, lay, block=blk)
         monkeypatch.undo()
         assert torch.equal(batched.kv_block_indices, element.kv_block_indices), heads

@@ -6,6 +6,7 @@ from sparse_kernels.estimate import (
     line_scores,
     line_scores_reference,
 )
+from sparse_kernels.grid_index import GridIndexSettings
 from sparse_kernels.testing import assert_close_budget, default_device, kernel_dtypes, make_qkv
 
 DEV = default_device()
@@ -142,7 +143,7 @@ FOLD_CASES = [
 
 
 def _check_folds(B, H, H_KV, L, S, D, row_start, period, lo, hi, block_n, dtype, **launch):
-    from sparse_kernels.estimate.triton import line_folds_triton
+    from sparse_kernels.grid_index.fold_launch import line_folds_triton
 
     q, k, _ = make_qkv(B, H, H_KV, S, S, D, dtype=dtype, device=DEV, seed=S + L + period)
     q_rows = q[:, :, row_start : row_start + L]
@@ -168,28 +169,27 @@ def test_line_folds_matches_reference(
 
 
 @pytest.mark.parametrize("programs", [1, 3, 7])
-def test_line_folds_with_several_segments_per_program(monkeypatch, programs):
+def test_line_folds_with_several_segments_per_program(programs):
     """Few programs: each walks many segments, and partials of the same sub-tile are merged
     across chunks (at test sizes the default split gives every program one segment)."""
-    from sparse_kernels.estimate import triton as est
+    settings = GridIndexSettings(fold_programs=programs)
+    _check_folds(2, 2, 1, 16, 700, 32, 684, 24, 24, 696, 16, torch.float32, settings=settings)
+    # interior chunks
+    _check_folds(2, 2, 1, 16, 700, 32, 684, 32, 32, 672, 16, torch.float32, settings=settings)
 
-    monkeypatch.setattr(est, "_FOLD_PROGRAMS", programs)
-    _check_folds(2, 2, 1, 16, 700, 32, 684, 24, 24, 696, 16, torch.float32)
-    _check_folds(2, 2, 1, 16, 700, 32, 684, 32, 32, 672, 16, torch.float32)  # interior chunks
 
-
-def test_line_folds_interior_kernel_takes_exactly_the_inside_segments(monkeypatch):
-    """``_interior`` against the kernel's per-tile ``inside`` test, evaluated here for every
+def test_line_folds_interior_kernel_takes_exactly_the_inside_segments():
+    """``interior_segments`` against the kernel's per-tile ``inside`` test, evaluated here for every
     segment and sub-tile: [g_a, g_b) holds the segments all of whose tiles are inside (the
     widest such run), and the folds agree with the interior kernel off."""
-    from sparse_kernels.estimate import triton as est
+    from sparse_kernels.grid_index.fold_launch import fold_plan, interior_segments
 
     for L, S, row_start, P, lo, hi, bn in [
         (16, 700, 684, 32, 32, 672, 16), (64, 300, 236, 16, 16, 288, 64),
         (16, 200, 184, 16, 50, 50, 16), (16, 700, 300, 32, 100, 500, 16),
     ]:  # fmt: skip
-        seg, n_sub, n_seg, _, _ = est._fold_plan(P, min(S, row_start + L), 2, bn)
-        g_a, g_b = est._interior(seg, n_sub, bn, L, 16 if L <= 16 else 64, row_start, lo, hi)
+        seg, n_sub, n_seg, _, _ = fold_plan(P, min(S, row_start + L), 2, bn, 1024, 262144)
+        g_a, g_b = interior_segments(seg, n_sub, bn, L, 16 if L <= 16 else 64, row_start, lo, hi)
         last_row = row_start + L - 1
         full = []
         for g in range(n_seg):
@@ -202,28 +202,28 @@ def test_line_folds_interior_kernel_takes_exactly_the_inside_segments(monkeypatc
                 full.append(g)
         assert list(range(g_a, g_b)) == full, (L, S, P, g_a, g_b, full)
     _check_folds(1, 4, 2, 16, 700, 32, 684, 32, 32, 672, 16, torch.float16)
-    monkeypatch.setattr(est, "_FOLD_INTERIOR", False)
-    _check_folds(1, 4, 2, 16, 700, 32, 684, 32, 32, 672, 16, torch.float16)
+    no_interior = GridIndexSettings(fold_interior=False)
+    _check_folds(1, 4, 2, 16, 700, 32, 684, 32, 32, 672, 16, torch.float16, settings=no_interior)
 
 
 @pytest.mark.parametrize("heads", [1, 2, 4], ids=lambda h: f"hp{h}")
-def test_line_folds_interior_kernel_shares_key_tiles_across_query_heads(monkeypatch, heads):
+def test_line_folds_interior_kernel_shares_key_tiles_across_query_heads(heads):
     """The interior kernel with ``heads`` query heads of a KV group per program: groups of 3
     (the last slot's rows past the group masked), 2 KV heads, 2 batch rows, against the
-    reference; and the default (two heads per program up to _FOLD_SHORT_KEYS keys, then one)."""
-    from sparse_kernels.estimate import triton as est
+    reference; and the default (two heads per program up to ``fold_short_keys`` keys, then
+    one)."""
+    from sparse_kernels.grid_index.fold_launch import fold_setup
 
-    monkeypatch.setattr(est, "_FOLD_HEADS", heads)
-    _check_folds(2, 6, 2, 16, 700, 32, 684, 32, 32, 672, 16, torch.float16)
-    f = est._fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
+    settings = GridIndexSettings(fold_heads=heads)
+    _check_folds(2, 6, 2, 16, 700, 32, 684, 32, 32, 672, 16, torch.float16, settings=settings)
+    f = fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
                         True, 1024, 262144, heads)  # fmt: skip
     assert f.edges and f.meta_i["HP"] == heads
     assert f.grid_i[1] == 4 and f.n_int_progs % -(-3 // heads) == 0
-    monkeypatch.setattr(est, "_FOLD_HEADS", 0)
-    f = est._fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
+    f = fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
                         True, 1024, 262144, 0)  # fmt: skip
-    assert f.meta_i["HP"] == 2  # the default up to _FOLD_SHORT_KEYS keys
-    f = est._fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
+    assert f.meta_i["HP"] == 2  # the default up to fold_short_keys keys
+    f = fold_setup(2, 6, 2, 16, 32, 700, 684, 32, 32, 672, False, 16, None, None, True,
                         True, 1024, 600, 0)  # fmt: skip
     assert f.meta_i["HP"] == 1  # and past it
 
@@ -240,7 +240,7 @@ def test_line_folds_read_q_and_k_at_device_offsets(L, S, row_start, P, lo, hi, b
     """With ``qk_offsets`` the fold kernel reads the rows and keys of other tensors than the
     ones it is launched with (what a CUDA graph replay does): the partials equal those of a
     launch on those tensors, bit for bit, for the one-launch kernel and the all-edge one."""
-    from sparse_kernels.estimate.triton import _fold_partials
+    from sparse_kernels.grid_index.fold_launch import fold_partials
 
     B, H, H_KV, D = 1, 4, 2, 32
     q, k, _ = make_qkv(B, H, H_KV, S, S, D, dtype=dtype, device=DEV, seed=S + L)
@@ -251,20 +251,20 @@ def test_line_folds_read_q_and_k_at_device_offsets(L, S, row_start, P, lo, hi, b
     qs[0], qs[1], ks[0], ks[1] = q, q2, k, k2
     rows = lambda t: t[:, :, row_start : row_start + L]  # noqa: E731
     kw = dict(period=P, lo=lo, hi=hi, scale=D**-0.5, block_n=bn)
-    want = _fold_partials(rows(qs[1]), ks[1], row_start, **kw)
+    want = fold_partials(rows(qs[1]), ks[1], row_start, **kw)
     es = q.element_size()
     offs = torch.tensor(
         [(qs[1].data_ptr() - qs[0].data_ptr()) // es, (ks[1].data_ptr() - ks[0].data_ptr()) // es]
     ).to(DEV)
-    got = _fold_partials(rows(qs[0]), ks[0], row_start, **kw, qk_offsets=offs)
+    got = fold_partials(rows(qs[0]), ks[0], row_start, **kw, qk_offsets=offs)
     assert got[2] == want[2]
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    other = _fold_partials(rows(qs[0]), ks[0], row_start, **kw)
+    other = fold_partials(rows(qs[0]), ks[0], row_start, **kw)
     assert not torch.equal(other[0], want[0])  # the offsets moved the reads
     with pytest.raises(ValueError, match="expected int64 \\[2\\], got torch.int32"):
-        _fold_partials(rows(qs[0]), ks[0], row_start, **kw, qk_offsets=offs.int())
+        fold_partials(rows(qs[0]), ks[0], row_start, **kw, qk_offsets=offs.int())
     with pytest.raises(ValueError, match="unit last strides"):
-        _fold_partials(
+        fold_partials(
             rows(qs[0]).transpose(2, 3).contiguous().transpose(2, 3), ks[0], row_start, **kw,
             qk_offsets=offs,
         )  # fmt: skip
@@ -349,11 +349,12 @@ SEARCH_PARTIAL_CASES = [
 def test_fold_search_kernel_matches_the_torch_search_of_the_same_partials(
     P, strides, n_g, seg, seg_w, L, row_start
 ):
-    """``_fold_search_kernel`` against ``search_folds_reference`` of ``_fold_tail`` (the torch
+    """``_fold_search_kernel`` against ``search_folds_reference`` of ``fold_tail`` (the torch
     folds) on the same merged partials: strides and phases exact, scores to float rounding. Half
     the heads carry a planted class so that the chosen strides are not all the smallest."""
     from sparse_kernels.estimate.search import host_to_device, search_folds_reference
-    from sparse_kernels.estimate.triton import _fold_tail, _search_partials
+    from sparse_kernels.grid_index.fold_launch import fold_tail
+    from sparse_kernels.grid_index.search_triton import search_partials
 
     g = torch.Generator().manual_seed(P + L)
     BH = 6
@@ -364,10 +365,10 @@ def test_fold_search_kernel_matches_the_torch_search_of_the_same_partials(
         col[h, :, pos % s == h % s] += 3.0
         sl[h, :, pos % s == 1 % s] += 3.0
     col, sl = col.to(DEV), sl.to(DEV)
-    cf, sf = _fold_tail(col, sl, seg, P, row_start)
+    cf, sf = fold_tail(col, sl, seg, P, row_start)
     want = search_folds_reference(cf, sf, strides, rel_tol=0.15)
     sv = host_to_device(torch.tensor(strides, dtype=torch.int32), DEV)
-    got = _search_partials(col, sl, seg, P, row_start, sv, 0.15)
+    got = search_partials(col, sl, seg, P, row_start, sv, 0.15)
     assert torch.equal(got[0], want[0]), (got[0], want[0])
     assert torch.equal(got[1], want[1]), (got[1], want[1])
     assert torch.allclose(got[2], want[2], rtol=1e-5)

@@ -106,7 +106,7 @@ def line_fold_search(
         )
         return search_folds_reference(col, sl, strides, rel_tol=rel_tol)
     check_triton_head_dim(D, "line_fold_search")
-    from .triton import line_fold_search_triton
+    from ..grid_index.search_triton import line_fold_search_triton
 
     return line_fold_search_triton(
         q_rows, k, row_start, period=period, lo=lo, hi=hi,
@@ -200,6 +200,6 @@ def line_folds(
     if resolve_impl(impl, q_rows.device, "line_folds") == "reference":
         return line_folds_reference(q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale)
     check_triton_head_dim(D, "line_folds")
-    from .triton import line_folds_triton
+    from ..grid_index.fold_launch import line_folds_triton
 
     return line_folds_triton(q_rows, k, row_start, period=period, lo=lo, hi=hi, scale=scale)

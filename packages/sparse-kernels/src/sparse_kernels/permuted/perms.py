@@ -125,7 +125,7 @@ def grid_permutation(
                 f"grid_permutation: impl='triton' computes in int32 and needs strides < 2**30 and "
                 f"S < 2**31, got a stride bound of {bound} and S={S}; use impl='reference'"
             )
-        from .grid_triton import _launch_grid_permutation_fwd
+        from ..grid_index.blocks_triton import _launch_grid_permutation_fwd
 
         return Permutation(*_launch_grid_permutation_fwd(S, st.expand(H), ph.expand(H), bound))
     if offsets is None:

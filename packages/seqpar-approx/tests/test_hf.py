@@ -31,16 +31,32 @@ def test_dense_method_reproduces_unpatched_model(kind):
 
 
 def test_handle_restores_attention_implementation():
+    from sparse_kernels.integrations.hf import AttentionSwap
+
     model = build_tiny_model("llama", 0)
     before = model.config._attn_implementation
-    with use_spava(model, method="dense"):
+    with use_spava(model, method="dense") as h:
+        assert isinstance(h, AttentionSwap)
         assert model.config._attn_implementation == ATTN_NAME
     assert model.config._attn_implementation == before
-    with pytest.raises(RuntimeError, match="only valid inside seqpar_approx use_spava"):
-        from seqpar_approx.integrations.hf import _attention_fn
+    model.config._attn_implementation = ATTN_NAME  # by hand, outside use_spava
+    ids = torch.zeros(1, 5, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="no swap is active"), torch.no_grad():
+        model(input_ids=ids)
 
-        x = torch.zeros(1, 2, 3, 4)
-        _attention_fn(None, x, x, x, None)
+
+def test_two_models_run_their_own_spava_state():
+    """Each model's attention reads the state of its own use_spava, not the latest one."""
+    a, b = build_tiny_model("llama", 0), build_tiny_model("llama", 1)
+    seen = []
+    ids = torch.randint(0, 200, (1, 9), generator=torch.Generator().manual_seed(0))
+    with (
+        use_spava(a, method="dense", on_layer=lambda i: seen.append(("a", i))),
+        use_spava(b, method="dense", on_layer=lambda i: seen.append(("b", i))),
+        torch.no_grad(),
+    ):
+        a(input_ids=ids)
+    assert {m for m, _ in seen} == {"a"} and len(seen) == a.config.num_hidden_layers
 
 
 def test_unfused_query_at_model_level_is_not_implemented():

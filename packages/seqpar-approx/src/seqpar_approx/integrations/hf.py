@@ -1,12 +1,14 @@
 """Run a HuggingFace decoder (Qwen2 / Qwen2.5-VL language model, Llama / SmolLM2) with Spava or a
 baseline in every layer, each rank holding its shard of the hidden states.
 
-* :func:`use_spava` registers the attention function under ``ATTN_NAME`` through
-  ``transformers.AttentionInterface`` (and a no-op mask function: the layout defines causality),
-  switches the *language model's* configs to it (the vision tower keeps its own) and returns a
-  handle whose ``remove()`` (or ``with``-exit) restores the previous implementation.
+* :func:`use_spava` runs the *language model's* attention (the vision tower keeps its own)
+  through the Spava attention function, by :func:`sparse_kernels.integrations.hf.swap_attention`
+  under ``ATTN_NAME`` (with a no-op mask function: the layout defines causality), and returns the
+  swap's :class:`~sparse_kernels.integrations.hf.AttentionSwap`, whose ``remove()`` (or
+  ``with``-exit) restores the previous implementation.
 * :func:`frame_parallel_visual` patches the vision tower so each rank encodes its frames (Eq. 6)
-  and all-gathers the embeddings; the handle undoes the patch.
+  and all-gathers the embeddings; the :class:`~sparse_kernels.integrations.hf.ForwardPatches`
+  it returns undoes the patch.
 * :func:`sharded_generate` is the whole job: embeddings + positions of the full prompt (vision
   tower frame-parallel), shard by the layout, one prefill forward per rank, then greedy decoding
   where each new token's attention is split over ranks (each key counted once) and LSE-merged,
@@ -17,17 +19,19 @@ baseline in every layer, each rank holding its shard of the hidden states.
 counts the prefill's time per section (attention, estimation, MLP, communication: see
 :mod:`seqpar_approx.timing`).
 
-The attention function reads what it needs from the active state set by :func:`use_spava`.
+The attention function reads what it needs from the state :func:`use_spava` binds to it.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from sparse_kernels import attention, merge_attention
+from sparse_kernels.integrations.hf import AttentionSwap, ForwardPatches, swap_attention
 
 from .._comm import all_gather, all_gather_uneven, world
 from ..baselines import zigzag_ring_attention
@@ -70,9 +74,6 @@ class _State:
         return sum(self.timings.values()) + sum(a.elapsed_time(b) for a, b in self.events) / 1e3
 
 
-_ACTIVE: list[_State] = []
-
-
 def _transformers():
     try:
         import transformers
@@ -100,12 +101,9 @@ def _decode_attention(st: _State, q, k, v, scale):
     return merge_attention(outs, lses, impl=st.impl).out
 
 
-def _attention_fn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    if not _ACTIVE:
-        raise RuntimeError(
-            f"attn_implementation={ATTN_NAME!r} is only valid inside seqpar_approx use_spava(...)"
-        )
-    st = _ACTIVE[-1]
+def _attention_fn(
+    st: _State, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
     layer = getattr(module, "layer_idx", None)
     cuda = query.device.type == "cuda"
     if cuda:  # events, not host time: kernels run asynchronously
@@ -171,41 +169,10 @@ def _no_mask(*args, **kwargs):
     return None
 
 
-def register() -> str:
-    """Register the attention (and no-op mask) function with transformers; returns its name."""
-    tf = _transformers()
-    tf.AttentionInterface.register(ATTN_NAME, _attention_fn)
-    try:
-        from transformers.masking_utils import AttentionMaskInterface
-
-        AttentionMaskInterface.register(ATTN_NAME, _no_mask)
-    except ImportError:  # older transformers build masks from the sdpa path; harmless
-        pass
-    return ATTN_NAME
-
-
 def language_model(model):
     """The decoder stack: ``model.model.language_model`` (VLMs) or ``model.model`` (LMs)."""
     inner = getattr(model, "model", model)
     return getattr(inner, "language_model", inner)
-
-
-class Handle:
-    """Undo object: ``remove()`` restores what was patched; also a context manager."""
-
-    def __init__(self, undo):
-        self._undo = undo
-
-    def remove(self) -> None:
-        if self._undo is not None:
-            self._undo()
-            self._undo = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
 
 
 def owned_rows(method: str, layout: SpavaLayout | None, rank: int, local_len: int) -> torch.Tensor:
@@ -237,7 +204,7 @@ def use_spava(
     sparsity: HostSparsity | None = None,
     token_layout=None,
     timer: SectionTimer | None = None,
-) -> Handle:
+) -> AttentionSwap:
     """Make every attention layer of ``model``'s language model run ``method`` on this rank's shard.
 
     ``layout``/``config`` come from :func:`layout_for` (``dense`` needs neither).
@@ -246,8 +213,26 @@ def use_spava(
     ``sparsity``: the host attention step of each layer (spava / star / apb); ``token_layout``:
     the prompt's ``sparse_patterns.TokenLayout`` its MMInference layers estimate with (None:
     text). ``timer``: where the prefill's attention time is counted, per section.
-    Returns a :class:`Handle` restoring the previous attention implementation.
+    Returns the :class:`~sparse_kernels.integrations.hf.AttentionSwap` restoring the previous
+    attention implementation.
     """
+    st = _spava_state(
+        model, method=method, layout=layout, config=config, group=group, impl=impl,
+        on_layer=on_layer, simulate=simulate, sparsity=sparsity, token_layout=token_layout,
+        timer=timer,
+    )  # fmt: skip
+    return _swap(model, st)
+
+
+def _swap(model, st: _State) -> AttentionSwap:
+    fn = functools.partial(_attention_fn, st)
+    return swap_attention(language_model(model), fn, name=ATTN_NAME, mask=_no_mask)
+
+
+def _spava_state(
+    model, *, method, layout, config, group, impl, on_layer, simulate, sparsity, token_layout, timer
+) -> _State:
+    """The checked state of :func:`use_spava` (raises before anything is patched)."""
     if simulate and method in ("dense", "ring"):
         raise ValueError(f"simulate=True is for spava/star/apb, got method {method!r}")
     if method not in METHODS:
@@ -261,14 +246,13 @@ def use_spava(
         )
     if sparsity is not None:
         _check_sparsity(model, method, sparsity)
-    register()
     rank, _ = world(group)
     if simulate or method == "dense":
         rank, owned = 0, None
     else:
         local_len = layout.local_len(rank) if layout is not None else 0
         owned = owned_rows(method, layout, rank, local_len)
-    st = _State(
+    return _State(
         method=method,
         layout=layout,
         config=config,
@@ -282,24 +266,6 @@ def use_spava(
         token_layout=token_layout,
         timer=timer,
     )
-    lm = language_model(model)
-    configs = {}
-    for m in lm.modules():
-        c = getattr(m, "config", None)
-        if c is not None and hasattr(c, "_attn_implementation") and id(c) not in configs:
-            configs[id(c)] = (c, c._attn_implementation)
-    for c, _ in configs.values():
-        c._attn_implementation = ATTN_NAME
-    _ACTIVE.append(st)
-
-    def undo():
-        for c, old in configs.values():
-            c._attn_implementation = old
-        _ACTIVE.remove(st)
-
-    h = Handle(undo)
-    h.state = st
-    return h
 
 
 def _check_sparsity(model, method: str, sparsity) -> None:
@@ -343,27 +309,23 @@ def prompt_token_layout(model, inputs: dict, seq_len: int):
     return TokenLayout(lay.modality.to(dev), lay.tokens_per_frame)
 
 
-def _mlp_hooks(model, timer: SectionTimer) -> Handle:
-    """Count each decoder layer's ``mlp`` in ``timer``'s ``"mlp"`` section."""
-    hooks = []
+def _mlp_hooks(model, timer: SectionTimer) -> ForwardPatches:
+    """Count each decoder layer's ``mlp`` in ``timer``'s ``"mlp"`` section (forward hooks, not an
+    attention swap: undone by the returned handle)."""
+    patches = ForwardPatches()
     for layer in getattr(language_model(model), "layers", []):
         mlp = getattr(layer, "mlp", None)
         if mlp is None:
             continue
-        hooks.append(mlp.register_forward_pre_hook(lambda m, a: timer.enter("mlp")))
-        hooks.append(mlp.register_forward_hook(lambda m, a, o: timer.exit("mlp")))
-
-    def undo():
-        for h in hooks:
-            h.remove()
-
-    return Handle(undo)
+        patches.also_undo(mlp.register_forward_pre_hook(lambda m, a: timer.enter("mlp")).remove)
+        patches.also_undo(mlp.register_forward_hook(lambda m, a, o: timer.exit("mlp")).remove)
+    return patches
 
 
 # ---- frame-parallel vision -----------------------------------------------------------------------
 
 
-def frame_parallel_visual(model, group=None) -> Handle:
+def frame_parallel_visual(model, group=None) -> ForwardPatches:
     """Patch ``model``'s vision tower (Qwen2.5-VL ``model.model.visual``) so that for one video
     (``grid_thw`` of one row ``[t, h, w]``) rank ``r`` encodes the temporal groups of
     ``split_frames(t, H)[r]`` and the merged embeddings are all-gathered. Qwen2.5-VL's vision
@@ -407,12 +369,9 @@ def frame_parallel_visual(model, group=None) -> Handle:
                 res.last_hidden_state = all_gather_uneven(res.last_hidden_state, lens_full, group)
         return res
 
-    visual.forward = forward
-
-    def undo():
-        visual.forward = orig
-
-    return Handle(undo)
+    patches = ForwardPatches()
+    patches.set(visual, forward)
+    return patches
 
 
 # ---- the whole job ------------------------------------------------------------------------------
@@ -542,23 +501,20 @@ def sharded_generate(
     lm = language_model(model)
     head = model.get_output_embeddings()
     timer = SectionTimer(dev)
-    with (
-        _mlp_hooks(model, timer) as mlp_hooks,
-        use_spava(
-            model,
-            method=method,
-            layout=layout,
-            config=cfg,
-            group=group,
-            impl=impl,
-            on_layer=lambda i: beat(f"layer {i}"),
-            simulate=simulate_hosts is not None and method != "dense",
-            sparsity=sparsity,
-            token_layout=token_layout,
-            timer=timer,
-        ) as h,
-        torch.no_grad(),
-    ):
+    st = _spava_state(
+        model,
+        method=method,
+        layout=layout,
+        config=cfg,
+        group=group,
+        impl=impl,
+        on_layer=lambda i: beat(f"layer {i}"),
+        simulate=simulate_hosts is not None and method != "dense",
+        sparsity=sparsity,
+        token_layout=token_layout,
+        timer=timer,
+    )
+    with _mlp_hooks(model, timer) as mlp_hooks, _swap(model, st), torch.no_grad():
         out = lm(
             inputs_embeds=local_embeds,
             position_ids=local_pos,
@@ -572,9 +528,9 @@ def sharded_generate(
         sync()
         t_first = time.perf_counter()
         # read before decoding: attention_s is the part of the prefill spent in attention
-        att = h.state.attention_seconds()
+        att = st.attention_seconds()
         sections = timer.seconds()
-        h.state.timer = None  # decoding is not part of the prefill's sections
+        st.timer = None  # decoding is not part of the prefill's sections
         mlp_hooks.remove()
         tokens = [int(tok)]
         nxt = int(pos.max()) + 1

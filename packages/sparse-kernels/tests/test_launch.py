@@ -1,6 +1,8 @@
 """The direct launch path (``sparse_kernels._triton.launch``): its key separates every
 specialization Triton makes, and a direct launch computes what ``fn[grid]`` computes."""
 
+import contextlib
+
 import pytest
 import torch
 import triton
@@ -23,6 +25,24 @@ def _run(x, y, n, alpha, **kw) -> torch.Tensor:
     out = torch.full_like(x, -7.0)
     L.launch(_axpy, (triton.cdiv(max(n, 1), 64),), (x, y, out), (n, alpha), BLOCK=64, **kw)
     return out
+
+
+@contextlib.contextmanager
+def _launch_hook():
+    """A no-op Triton launch hook while inside: every launch takes the standard ``fn[grid]``
+    path, as under a profiler."""
+    chain = L._RUNTIME.launch_enter_hook if L._RUNTIME is not None else None
+    if not hasattr(chain, "add"):
+        pytest.skip("this Triton has no launch hook chain (triton.knobs.HookChain)")
+
+    def hook(*args, **kwargs):
+        return None
+
+    chain.add(hook)
+    try:
+        yield
+    finally:
+        chain.remove(hook)
 
 
 def _gold(x, y, n, alpha, neg=False) -> torch.Tensor:
@@ -49,11 +69,13 @@ def test_spec_key_separates_what_triton_specializes_on():
     assert key(scalars=(0.5,)) == key(scalars=(0.5,))
 
 
-def test_direct_path_is_off_under_the_interpreter_and_on_request(monkeypatch):
+def test_direct_path_is_off_under_the_interpreter_and_under_a_launch_hook():
     if DEV == "cpu":  # the CPU tests run the interpreter: its kernels are not JITFunctions
         assert not isinstance(_axpy, L.JITFunction)
-    monkeypatch.setattr(L, "DIRECT", False)
-    assert not L.direct_enabled()
+    assert L.direct_enabled()
+    with _launch_hook():
+        assert not L.direct_enabled()
+    assert L.direct_enabled()
 
 
 def test_a_launch_hook_turns_the_direct_path_off():
@@ -74,8 +96,7 @@ def test_launch_computes_what_the_kernel_computes():
 
 
 @pytest.mark.gpu
-def test_direct_launch_keys_and_results_gpu(monkeypatch):
-    monkeypatch.setattr(L, "DIRECT", True)
+def test_direct_launch_keys_and_results_gpu():
     assert L.direct_enabled()
     L._KERNELS.clear()
     x = torch.randn(4096, device="cuda")
@@ -101,7 +122,7 @@ def test_direct_launch_keys_and_results_gpu(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_direct_and_standard_launch_agree_on_the_planner_kernels_gpu(monkeypatch):
+def test_direct_and_standard_launch_agree_on_the_planner_kernels_gpu():
     """The line-fold search through the direct path equals it through ``fn[grid]``."""
     from sparse_kernels.estimate import line_fold_search
 
@@ -109,8 +130,8 @@ def test_direct_and_standard_launch_agree_on_the_planner_kernels_gpu(monkeypatch
     k = torch.randn(1, 2, 4096, 64, device="cuda", dtype=torch.float16)
     kw = dict(period=32, lo=64, hi=4000, strides=[4, 8, 16, 32], scale=0.125, impl="triton")
     got = [line_fold_search(q, k, 4032, **kw) for _ in range(3)]  # standard, then direct
-    monkeypatch.setattr(L, "DIRECT", False)
-    ref = line_fold_search(q, k, 4032, **kw)
+    with _launch_hook():
+        ref = line_fold_search(q, k, 4032, **kw)
     for g in got:
         for a, b in zip(g, ref, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)

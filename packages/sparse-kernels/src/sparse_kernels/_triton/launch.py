@@ -12,14 +12,14 @@ The key is a superset of Triton's: per tensor its dtype and its address modulo 1
 scalars' values and types (Triton specializes ints on being 1, on divisibility by 16 and on
 their width); the keyword arguments (constexprs and launch options); the device. Equal keys
 therefore mean the same compiled kernel. The direct path is off under the interpreter (its
-kernels are not ``JITFunction``s), while a Triton launch hook is set (profilers read what
-``run`` passes them) and with ``DIRECT = False`` (``SPARSE_KERNELS_DIRECT_LAUNCH=0`` at
-import); then every launch is ``fn[grid]``.
+kernels are not ``JITFunction``s) and while a Triton launch hook is set (profilers read what
+``run`` passes them); then every launch is ``fn[grid]``. A hook is also how a caller sees
+every launch take the standard path, e.g. to compare both paths.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 
 import triton
 from triton.runtime import driver
@@ -27,17 +27,20 @@ from triton.runtime.jit import JITFunction
 
 _KERNELS: dict[tuple, tuple] = {}
 _MAX_KERNELS = 4096
-_PARAMS: dict[int, tuple] = {}
-# False: every launch through ``fn[grid]`` (``SPARSE_KERNELS_DIRECT_LAUNCH=0`` at import).
-DIRECT = os.environ.get("SPARSE_KERNELS_DIRECT_LAUNCH", "1") != "0"
 _RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
-_CURRENT = None  # Triton's (current device, current stream) getters, looked up once
+
+
+@functools.cache
+def _current() -> tuple:
+    """Triton's (current device, current stream) getters, looked up once: ``driver.active``
+    resolves its backend on each attribute access."""
+    return driver.active.get_current_device, driver.active.get_current_stream
 
 
 def direct_enabled() -> bool:
     """Whether :func:`launch` may bypass ``JITFunction.run`` (see the module docstring; under
     the interpreter the kernels are not ``JITFunction``s, and every launch is ``fn[grid]``)."""
-    if not DIRECT or _RUNTIME is None:  # (a Triton without knobs: another launcher API)
+    if _RUNTIME is None:  # (a Triton without knobs: another launcher API)
         return False
     return not (_hooked(_RUNTIME.launch_enter_hook) or _hooked(_RUNTIME.launch_exit_hook))
 
@@ -58,15 +61,13 @@ def spec_key(tensors: tuple, scalars: tuple) -> tuple:
     )
 
 
+@functools.cache
 def _params(fn: JITFunction) -> tuple:
     """``(names, defaults)`` of ``fn``'s parameters in order (constexprs included: the launcher
     takes every bound argument and skips the constexprs itself)."""
-    got = _PARAMS.get(id(fn))
-    if got is None:
-        names = tuple(p.name for p in fn.params)
-        defaults = tuple(p.default if p.has_default else None for p in fn.params)
-        got = _PARAMS[id(fn)] = (fn, names, defaults)
-    return got[1:]
+    names = tuple(p.name for p in fn.params)
+    defaults = tuple(p.default if p.has_default else None for p in fn.params)
+    return names, defaults
 
 
 def launch(fn, grid: tuple[int, ...], tensors: tuple, scalars: tuple, **kwargs) -> None:
@@ -75,13 +76,11 @@ def launch(fn, grid: tuple[int, ...], tensors: tuple, scalars: tuple, **kwargs) 
     arguments (tensors); ``scalars``: the runtime arguments after them (ints, floats,
     bools), each position always of one type; ``kwargs``: constexprs by name and launch
     options (``num_warps``, ``num_stages``)."""
-    global _CURRENT
     if not isinstance(fn, JITFunction) or not direct_enabled():
         fn[grid](*tensors, *scalars, **kwargs)
         return
-    if _CURRENT is None:
-        _CURRENT = (driver.active.get_current_device, driver.active.get_current_stream)
-    device = _CURRENT[0]()
+    get_device, get_stream = _current()
+    device = get_device()
     key = (id(fn), device, spec_key(tensors, scalars), tuple(kwargs.items()))
     got = _KERNELS.get(key)
     if got is None:
@@ -98,6 +97,6 @@ def launch(fn, grid: tuple[int, ...], tensors: tuple, scalars: tuple, **kwargs) 
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     kernel.run(
-        grid[0], g1, g2, _CURRENT[1](device), kernel.function, kernel.packed_metadata, None,
+        grid[0], g1, g2, get_stream(device), kernel.function, kernel.packed_metadata, None,
         None, None, *tensors, *scalars, *rest,
     )  # fmt: skip

@@ -115,14 +115,16 @@ def test_reference_default_chunk_follows_the_score_budget(monkeypatch):
         return real(q_, k_, v_, mask, **kw)
 
     monkeypatch.setattr(ref, "masked_attention_reference", spy)
-    monkeypatch.setattr(ref, "SCORE_BUDGET", 2 * 300 * 50)  # 50 rows of 2 heads x 300 keys
-    a = ref.triangle_attention_reference(q, k, v, sink=4, window=20, last=10)
+    budget = 2 * 300 * 50  # 50 rows of 2 heads x 300 keys
+    a = ref.triangle_attention_reference(q, k, v, sink=4, window=20, last=10, score_budget=budget)
     assert seen == [50] * 6
     b = ref.triangle_attention_reference(q, k, v, sink=4, window=20, last=10, row_chunk=300)
     torch.testing.assert_close(a.out, b.out, atol=1e-12, rtol=0)
     torch.testing.assert_close(a.lse, b.lse, atol=1e-12, rtol=0)
     with pytest.raises(ValueError, match="row_chunk: expected a positive row count, got 0"):
         ref.triangle_attention_reference(q, k, v, sink=4, window=20, row_chunk=0)
+    with pytest.raises(ValueError, match="score_budget: expected a positive element count, got 0"):
+        ref.triangle_attention_reference(q, k, v, sink=4, window=20, score_budget=0)
 
 
 @pytest.mark.parametrize(

@@ -7,18 +7,22 @@ error plus a rounding floor for the dtype. NaN or inf where the golden is finite
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
 # Rounding floors per dtype: a few ulps at the magnitude of attention outputs (|out| <~ 1).
-ROUNDING_FLOOR = {
-    torch.float16: 2e-3,
-    torch.bfloat16: 1.6e-2,
-    torch.float32: 2e-5,
-    torch.float64: 1e-10,
-}
+ROUNDING_FLOOR = MappingProxyType(
+    {
+        torch.float16: 2e-3,
+        torch.bfloat16: 1.6e-2,
+        torch.float32: 2e-5,
+        torch.float64: 1e-10,
+    }
+)
 
 
 def default_device() -> torch.device:
@@ -152,12 +156,10 @@ def flex_attention_compiled(
     return fn(q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=opts)
 
 
-_FLEX: list = []
-
-
+@functools.cache
 def _compiled_flex():
-    if not _FLEX:
-        from torch.nn.attention.flex_attention import flex_attention
+    """FlexAttention compiled once per process: each ``torch.compile`` wrapper has its own
+    cache of compiled graphs."""
+    from torch.nn.attention.flex_attention import flex_attention
 
-        _FLEX.append(torch.compile(flex_attention, dynamic=False))
-    return _FLEX[0]
+    return torch.compile(flex_attention, dynamic=False)

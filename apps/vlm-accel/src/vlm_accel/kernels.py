@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import IO
 
 from . import progress
@@ -25,12 +26,14 @@ TRIANGLE_SHAPE = (8, 512, 128)  # engine.apply_method's (sink, window, last)
 TEXT_TOKENS = 64  # text before and after the video in a warmup's layout
 # The presets' language-model widths for the fused per-token ops: (hidden size, MLP intermediate
 # size, RMSNorm eps), from their checkpoints' config.json.
-PRESET_WIDTHS = {
-    "qwen2.5-vl-7b": (3584, 18944, 1e-6),
-    "qwen2-vl-2b": (1536, 8960, 1e-6),
-    "llava-onevision-7b": (3584, 18944, 1e-6),  # its language model is Qwen2-7B
-    "smollm2-135m": (576, 1536, 1e-5),
-}
+PRESET_WIDTHS = MappingProxyType(
+    {
+        "qwen2.5-vl-7b": (3584, 18944, 1e-6),
+        "qwen2-vl-2b": (1536, 8960, 1e-6),
+        "llava-onevision-7b": (3584, 18944, 1e-6),  # its language model is Qwen2-7B
+        "smollm2-135m": (576, 1536, 1e-5),
+    }
+)
 # Triton specialises a pointer on 16-byte alignment; a chunk's alignment depends on its first
 # row modulo this many rows (16 bytes divide 16 rows of any width and dtype).
 ALIGN_ROWS = 16

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from importlib import resources
+from types import MappingProxyType
 
 import torch
 
@@ -27,7 +28,7 @@ class Family:
     mrope: bool  # M-RoPE: the model needs mm_token_type_ids for 3-D video positions
 
 
-FAMILIES = {
+FAMILIES = MappingProxyType({
     f.model_type: f
     for f in (
         Family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig",
@@ -37,7 +38,7 @@ FAMILIES = {
         Family("llava_onevision", "LlavaOnevisionForConditionalGeneration", "LlavaOnevisionConfig",
                "tiny_llava_onevision.json", False),
     )
-}  # fmt: skip
+})  # fmt: skip
 SUPPORTED = tuple(FAMILIES)
 
 

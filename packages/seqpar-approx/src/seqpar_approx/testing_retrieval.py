@@ -15,6 +15,7 @@ The prediction is the arg-max of the next-token logits over the 20 candidate wor
 from __future__ import annotations
 
 import random
+from types import MappingProxyType
 
 import torch
 
@@ -24,8 +25,8 @@ QUESTION = "\nWhat is the secret word?"
 # SmolLM2-135M: the TriangleMix start layer of the gradient probe (results/quality/probe.json)
 # and its triangle shape; MMInference: Vertical-Slash on every head (a text-only model).
 SMOLLM2_START_LAYER = 22
-SMOLLM2_TRIANGLE = dict(sink=64, window=128)
-SMOLLM2_VERTICAL_SLASH = dict(n_vertical=64, n_slash=128, last_q=64)
+SMOLLM2_TRIANGLE = MappingProxyType(dict(sink=64, window=128))
+SMOLLM2_VERTICAL_SLASH = MappingProxyType(dict(n_vertical=64, n_slash=128, last_q=64))
 
 
 def _prompt(

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+from types import MappingProxyType
 
 import torch
 
@@ -49,7 +50,7 @@ def check() -> int:
 
 # ---- tune ----
 
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20}
+_SUFFIX = MappingProxyType({"": 1, "K": 1 << 10, "M": 1 << 20})
 
 
 def parse_lengths(text: str) -> list[int]:

@@ -137,8 +137,8 @@ class SyncRecorder:
     index), which CUDA runs as a copy followed by a stream synchronisation.
     """
 
-    _VALUE = {"_local_scalar_dense", "nonzero", "masked_select"}
-    _METHODS = {"tolist", "cpu", "numpy"}
+    _VALUE = frozenset({"_local_scalar_dense", "nonzero", "masked_select"})
+    _METHODS = frozenset({"tolist", "cpu", "numpy"})
 
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []

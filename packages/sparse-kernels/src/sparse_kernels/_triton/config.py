@@ -4,6 +4,7 @@ the per-config timing that the tuner (``sparse_kernels.tuning``) uses."""
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 import triton
 
@@ -24,7 +25,7 @@ def block_d(D: int) -> int:
 
 # fp32 operands go through exact ("ieee") dots, emulated with FMAs: large tiles blow up shared
 # memory and compile time, so fp32 gets one small tile whatever a tuned table says.
-FP32_CONFIG = dict(BLOCK_M=64, BLOCK_N=32)
+FP32_CONFIG = MappingProxyType(dict(BLOCK_M=64, BLOCK_N=32))
 
 
 # ``triton.testing.do_bench`` times a config with at least 8 calls (one, five to estimate the

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
@@ -79,12 +80,14 @@ class TuneShape:
 
 # Attention shapes of the models the project targets (the language model's heads, KV heads, head
 # dim): the shipped tables are tuned for these.
-MODEL_SHAPES = {
-    "qwen2.5-vl-7b": TuneShape(28, 4, 128),
-    "qwen2-vl-2b": TuneShape(12, 2, 128),
-    "llava-onevision-7b": TuneShape(28, 4, 128),  # its language model is Qwen2-7B
-    "smollm2-135m": TuneShape(9, 3, 64),
-}
+MODEL_SHAPES = MappingProxyType(
+    {
+        "qwen2.5-vl-7b": TuneShape(28, 4, 128),
+        "qwen2-vl-2b": TuneShape(12, 2, 128),
+        "llava-onevision-7b": TuneShape(28, 4, 128),  # its language model is Qwen2-7B
+        "smollm2-135m": TuneShape(9, 3, 64),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -231,19 +234,20 @@ def grid_plan(H: int, S: int, block: int, stride: int, device):
 
 def _permuted(shape: TuneShape, S: int, device: torch.device) -> Prepared:
     from ..permuted.triton import _launch_permuted_fwd
+    from ..sparse_plan import SparsePlan
 
     q, k, v = _qkv(shape, S, device)
     blk = PLANNER_BLOCK
     perm, idx, cnt, rs, rc = grid_plan(shape.heads, S, blk, TOKENS_PER_FRAME, device)
     step = torch.full((1, shape.heads), min(TOKENS_PER_FRAME, S), dtype=torch.int64, device=device)
     scale = _scale(shape)
+    plan = SparsePlan(
+        kv_indices=idx, kv_num_blocks=cnt, seq_lengths=(S, S), block_size=blk, q_perm=perm,
+        kv_perm=perm, kv_run_starts=rs, kv_run_counts=rc, kv_run_step=step, check_contents=False,
+    )  # fmt: skip
 
     def run(config: LaunchConfig):
-        return _launch_permuted_fwd(
-            q, k, v, q_perm=perm, kv_perm=perm, kv_block_indices=idx, kv_block_counts=cnt,
-            kv_run_starts=rs, kv_run_counts=rc, kv_run_step=step, block_m=blk, block_n=blk,
-            causal=True, scale=scale, config=config,
-        )  # fmt: skip
+        return _launch_permuted_fwd(q, k, v, plan, scale=scale, config=config)
 
     return Prepared("permuted", "causal", (blk, blk), S, run)
 
@@ -335,16 +339,18 @@ def _line_scores(shape: TuneShape, S: int, device: torch.device) -> Prepared:
     return Prepared("line_scores", f"rows{max(16, 1 << (L - 1).bit_length())}", (), S, run)
 
 
-CASES = {
-    c.op: c
-    for c in (
-        TuneCase("attention", _attention_spec, _attention),
-        TuneCase("block_sparse", _block_sparse_spec, _block_sparse),
-        TuneCase("permuted", _permuted_spec, _permuted),
-        TuneCase("triangle", _triangle_spec, _triangle),
-        TuneCase("vertical_slash", _vertical_slash_spec, _vertical_slash),
-        TuneCase("line_scores", _line_scores_spec, _line_scores),
-    )
-}
+CASES = MappingProxyType(
+    {
+        c.op: c
+        for c in (
+            TuneCase("attention", _attention_spec, _attention),
+            TuneCase("block_sparse", _block_sparse_spec, _block_sparse),
+            TuneCase("permuted", _permuted_spec, _permuted),
+            TuneCase("triangle", _triangle_spec, _triangle),
+            TuneCase("vertical_slash", _vertical_slash_spec, _vertical_slash),
+            TuneCase("line_scores", _line_scores_spec, _line_scores),
+        )
+    }
+)
 OPS = tuple(CASES)
 SPARSE_OPS = tuple(op for op in OPS if op != "attention")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
@@ -35,7 +36,9 @@ from .table import (
 log = logging.getLogger("sparse_kernels.tuning")
 
 TUNE_COMMAND = "python -m sparse_kernels tune"
-_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_DTYPE_NAMES = MappingProxyType(
+    {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+)
 _MAX_MEMO = 4096
 
 

@@ -10,7 +10,8 @@ import json
 import os
 
 import pytest
-from seqpar_approx.testing import retrieval_worker, spawn
+from seqpar_approx.testing import spawn
+from seqpar_approx.testing_retrieval import retrieval_worker
 
 pytestmark = pytest.mark.slow
 

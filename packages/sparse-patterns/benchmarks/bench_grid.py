@@ -52,6 +52,8 @@ from sparse_patterns import (
     plan_layer,
 )
 from sparse_patterns.metrics import recall_many
+from sparse_patterns.mminference import MMInferencePlanner
+from sparse_patterns.planner.grid import GridHeads
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 SMOKE = os.environ.get("SPARSE_PATTERNS_BENCH_SMOKE", "0") not in ("", "0")
@@ -207,24 +209,19 @@ def test_grid_vs_dense(benchmark, shape, provider):
     if provider == "ours-grid":
         lay = _layout(S)
         # Estimation = what a layer pays before its kernel: the plan and the run split that
-        # run() makes once per plan (BlockPlan._launch_lists); plan_ms is the plan alone.
-        plan_ms = _time_ms(lambda: plan_layer(q, k, [GRID] * H, lay, block=BLOCK), warmup=5, rep=30)
+        # run() makes once per plan (BlockPlan._launch_lists); plan_ms is the plan alone. One
+        # planner for every call, as a model holds one for its layers (its Grid graphs and list
+        # widths are kept per shape).
+        planner = MMInferencePlanner(block=BLOCK)
+        plan_ms = _time_ms(lambda: planner.plan(q, k, [GRID] * H, lay), warmup=5, rep=30)
         # 30 samples (median and quartiles): a sub-millisecond time on a shared host is noisy.
-        est = _times_ms(
-            lambda: plan_layer(q, k, [GRID] * H, lay, block=BLOCK)._launch_lists, warmup=5, rep=30
-        )
+        est = _times_ms(lambda: planner.plan(q, k, [GRID] * H, lay)._launch_lists, warmup=5, rep=30)
         est_ms = est[len(est) // 2]
-        # The same without the planner's CUDA graph (its five kernels launched each call).
-        from sparse_patterns import mminference as MM
-
-        graphs, MM.GRID_GRAPHS = MM.GRID_GRAPHS, "off"
-        try:
-            launched_ms = _time_ms(
-                lambda: plan_layer(q, k, [GRID] * H, lay, block=BLOCK)._launch_lists,
-                warmup=5, rep=30,
-            )  # fmt: skip
-        finally:
-            MM.GRID_GRAPHS = graphs
+        # The same without the planner's CUDA graph (its kernels launched each call).
+        launching = MMInferencePlanner(block=BLOCK, grid=GridHeads(graphs="off"))
+        launched_ms = _time_ms(
+            lambda: launching.plan(q, k, [GRID] * H, lay)._launch_lists, warmup=5, rep=30
+        )
         plan = _grid_plan(S)
         phases = (torch.arange(H, device=DEV) // (H // H_KV) * 37) % TPF
         assert torch.equal(plan.meta["stride"][0], torch.full((H,), TPF, device=DEV))

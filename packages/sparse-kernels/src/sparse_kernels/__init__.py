@@ -12,6 +12,7 @@ from .attention import attention
 from .block_sparse import block_sparse_attention
 from .estimate import line_folds, line_scores
 from .fused import rms_norm, rotary, silu_mul
+from .grid_index import GridIndex, GridIndexer, grid_index
 from .merge import merge_attention
 from .permuted import grid_permutation, permuted_block_sparse_attention
 from .triangle import a_shape_attention, triangle_attention
@@ -23,11 +24,14 @@ from .vertical_slash import (
 
 __all__ = [
     "AttentionOutput",
+    "GridIndex",
+    "GridIndexer",
     "VerticalSlashIndex",
     "a_shape_attention",
     "attention",
     "block_sparse_attention",
     "build_vertical_slash_index",
+    "grid_index",
     "grid_permutation",
     "line_folds",
     "line_scores",

@@ -67,10 +67,19 @@ def _head_pairs(use_vline, use_slash, H: int) -> tuple[tuple[bool, bool], ...]:
     return tuple(zip(*cols))
 
 
+def _flags_key(use_vline, use_slash, H: int) -> tuple:
+    """The line flags as a cache key: the two bools when one pair serves every head (no per-head
+    tuple made per call), else the per-head pairs."""
+    if isinstance(use_vline, bool) and isinstance(use_slash, bool):
+        return (use_vline, use_slash)
+    return _head_pairs(use_vline, use_slash, H)
+
+
 @functools.lru_cache(maxsize=64)
-def _head_flags(pairs: tuple[tuple[bool, bool], ...], B: int, device: torch.device) -> torch.Tensor:
-    """int32 ``[2, B * H]`` on ``device`` (b-major) from ``H`` pairs of flags, made once per
+def _head_flags(key: tuple, H: int, B: int, device: torch.device) -> torch.Tensor:
+    """int32 ``[2, B * H]`` on ``device`` (b-major) from :func:`_flags_key`, made once per
     value."""
+    pairs = (key,) * H if isinstance(key[0], bool) else key
     return host_to_device(torch.tensor(pairs, dtype=torch.int32).T.repeat(1, B), device)
 
 
@@ -152,20 +161,20 @@ class GridIndexer:
         P = math.lcm(*strides)
         nb = -(-S // block)
         N = B * H
-        pairs = _head_pairs(use_vline, use_slash, H)
+        flags = _flags_key(use_vline, use_slash, H)
         key = (N, S, block, strides, dev)
         cap = self._lists_cap.get(key, 0)
         fits = self._graphs_fit(dev, S, q_rows, k)
         launch_for = functools.partial(
             _launch, S=S, P=P, scale=scale, strides=stride_vector(strides, dev),
-            max_stride=strides[-1], block=block, flags=_head_flags(pairs, B, dev),
+            max_stride=strides[-1], block=block, flags=_head_flags(flags, H, B, dev),
             rel_tol=rel_tol, settings=self.settings,
         )  # fmt: skip
 
         def graph_for(c: int) -> OffsetGraph | None:
             """The graph of the launches with lists ``c`` wide, captured if missing (None while
             the stream is being captured by someone else)."""
-            gkey = (key, c, pairs, scale, rel_tol, OffsetGraph.key_of(q_rows, k))
+            gkey = (key, c, flags, scale, rel_tol, OffsetGraph.key_of(q_rows, k))
             graph = self._graphs.get(gkey)
             if graph is None and not torch.cuda.is_current_stream_capturing():
                 if len(self._graphs) >= self.max_graphs:

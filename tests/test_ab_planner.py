@@ -85,26 +85,27 @@ def test_load_tree_names_the_missing_package(tmp_path):
     assert not any(n.partition(".")[0] in PROBE for n in sys.modules)
 
 
-def _plan(idx, cnt, *, q_perm=None, stride=None):
+def _plan(rows, counts, *, q_perm=None, stride=(4, 4)):
+    """A plan of one batch row, two heads of one query block each: ``rows[h]`` lists head
+    ``h``'s key blocks (then padding), ``counts[h]`` how many are listed."""
     return SimpleNamespace(
-        kv_block_indices=torch.tensor(idx), kv_block_counts=torch.tensor(cnt), q_perm=q_perm,
-        kv_perm=None, meta={"stride": torch.tensor(stride or [4])},
+        kv_block_indices=torch.tensor(rows)[None, :, None],
+        kv_block_counts=torch.tensor(counts)[None, :, None],
+        q_perm=q_perm, kv_perm=None, meta={"stride": torch.tensor(stride)},
     )  # fmt: skip
 
 
 def test_compare_plans_reads_lists_as_sets_and_finds_each_difference():
-    a = _plan([[[0, 1, 9]], [[2, 0, 7]]], [[2], [2]])
-    same = _plan([[[1, 0, 5, 5]], [[0, 2, 6, 6]]], [[2], [2]])  # other order, other padding
+    a = _plan([[0, 1, 9], [2, 0, 7]], [2, 2])
+    same = _plan([[1, 0, 5, 5], [0, 2, 6, 6]], [2, 2])  # other order, other padding
     got = ab.compare_plans(a, same)
     assert got["lists"] is True and got["stride"] is True and got["q_perm"] is True
     assert got["phase"].startswith("not compared")
-    assert ab.compare_plans(a, _plan([[[0, 1, 9]], [[2, 1, 7]]], [[2], [2]]))["lists"] is False
-    assert ab.compare_plans(a, _plan([[[0, 1, 9]], [[2, 0, 7]]], [[2], [3]]))["lists"] is False
-    perm = _plan([[[0, 1, 9]], [[2, 0, 7]]], [[2], [2]], q_perm=torch.arange(4))
+    assert ab.compare_plans(a, _plan([[0, 1, 9], [2, 1, 7]], [2, 2]))["lists"] is False
+    assert ab.compare_plans(a, _plan([[0, 1, 9], [2, 0, 7]], [2, 3]))["lists"] is False
+    perm = _plan([[0, 1, 9], [2, 0, 7]], [2, 2], q_perm=torch.arange(4))
     assert ab.compare_plans(a, perm)["q_perm"] is False
-    assert (
-        ab.compare_plans(a, _plan([[[0, 1]], [[2, 0]]], [[2], [2]], stride=[8]))["stride"] is False
-    )
+    assert ab.compare_plans(a, _plan([[0, 1], [2, 0]], [2, 2], stride=(4, 8)))["stride"] is False
     assert ab.compare_plans(SimpleNamespace(), a)["lists"].startswith("not compared")
 
 

@@ -170,16 +170,44 @@ def _module_level(body: list[ast.stmt]):
                 yield from _module_level(h.body)
 
 
+def _import_time(tree: ast.Module):
+    """Every node that runs when the module is imported (function bodies aside)."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _reads_environment(node: ast.AST) -> bool:
+    """``os.environ`` or ``os.getenv``."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr in ("environ", "getenv")
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "os"
+    )
+
+
 def global_switches(source: str) -> list[str]:
-    """``global`` statements and module- or class-level mutable containers (literals,
-    comprehensions, ``dict()``/``list()``/``set()``/``defaultdict()``/..., ``ContextVar``);
-    dunders such as ``__all__`` aside. Returns ``"line: what"``, the name after ``NAME=``."""
+    """``global`` statements, the environment read at import (a switch fixed for the process),
+    and module- or class-level mutable containers (literals, comprehensions,
+    ``dict()``/``list()``/``set()``/``defaultdict()``/..., ``ContextVar``); dunders such as
+    ``__all__`` aside. Returns ``"line: what"``, a container's name after ``NAME=``."""
     tree = ast.parse(source)
     bad = [
         f"{n.lineno}: global {', '.join(n.names)}"
         for n in ast.walk(tree)
         if isinstance(n, ast.Global)
     ]
+    bad += sorted(
+        {
+            f"{n.lineno}: reads the environment at import"
+            for n in _import_time(tree)
+            if _reads_environment(n)
+        }
+    )
     for node in _module_level(tree.body):
         if isinstance(node, ast.Assign):
             targets, value = node.targets, node.value
@@ -406,6 +434,17 @@ def test_private_import_checker(snippet, owner, expected):
         pytest.param(
             "class C:\n    seen = {}\n", ["2: NAME=seen is a mutable container"], id="class-attr"
         ),
+        pytest.param(
+            "import os\nDIRECT = os.environ.get('X', '1') != '0'\n",
+            ["2: reads the environment at import"],
+            id="env-at-import",
+        ),
+        pytest.param(
+            "import os\nclass C:\n    on = os.getenv('X')\n",
+            ["3: reads the environment at import"],
+            id="env-in-class",
+        ),
+        pytest.param("import os\ndef f():\n    return os.environ.get('X')\n", [], id="env-in-call"),
         pytest.param("__all__ = ['a']\nT = (1, 2)\nF = frozenset({1})\n", [], id="fine"),
         pytest.param("def f():\n    d = {}\n    return d\n", [], id="local"),
     ],

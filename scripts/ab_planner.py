@@ -41,8 +41,9 @@ Before timing, the outputs are compared (max |old - new| within 2 bf16 rounding 
 largest output) and so are the plans' block lists (per query block, as sets), permutations,
 strides and phases wherever both plans expose them. Timing: ``--warmup`` calls per side, then
 ``--reps`` rounds alternating which side goes first; the median of each side (CUDA events on a
-GPU, wall clock on the CPU). Exit status: 0, 1 when a check failed (every case is still timed
-and written), 2 for bad arguments.
+GPU, wall clock on the CPU). ``--json`` is rewritten after every case. Exit status: 0; 1 when a
+check failed or a case raised (the error is printed and recorded, the other cases still run);
+2 for bad arguments.
 
 Size: one script, in sections (the two trees, inputs, one layer's call, checks, timing, command
 line); the module swap is used by nothing else.
@@ -64,6 +65,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -489,23 +491,33 @@ def main(argv: list[str] | None = None) -> int:
     rows, failed = [], []
     for case in cases:
         for S in lengths:
-            row = run_case(case, S, (old, new), shape, args)
+            name = f"{case}@{_label(S)}"
+            try:
+                row = run_case(case, S, (old, new), shape, args)
+            except Exception as e:  # recorded and reported; the other cases still run
+                traceback.print_exc()
+                row = {"case": case, "S": S, "error": f"{type(e).__name__}: {e}"}
+                print(f"{case:8s} S={_label(S):>5s}  ERROR {row['error']}", flush=True)
+                failed.append(f"{name} (error)")
+            else:
+                parts = " ".join(f"{n}={'ok' if p is True else 'DIFFER' if p is False else 'n/a'}"
+                                 for n, p in row["plan_parts"].items())  # fmt: skip
+                print(f"{case:8s} S={_label(S):>5s}  old {row['old_ms']:9.3f} ms  new "
+                      f"{row['new_ms']:9.3f} ms  new/old {row['new_over_old']:.3f}  max|diff| "
+                      f"{row['max_abs_diff']:.2e} (tol {row['tolerance']:.1e})  plan: {parts}  "
+                      f"[{row['new_api']}]", flush=True)  # fmt: skip
+                if not row["outputs_agree"]:
+                    failed.append(f"{name} (outputs differ)")
+                if not row["plans_equal"]:
+                    failed.append(f"{name} (plans differ)")
             rows.append(row)
-            parts = " ".join(f"{n}={'ok' if p is True else 'DIFFER' if p is False else 'n/a'}"
-                             for n, p in row["plan_parts"].items())  # fmt: skip
-            print(f"{case:8s} S={_label(S):>5s}  old {row['old_ms']:9.3f} ms  new "
-                  f"{row['new_ms']:9.3f} ms  new/old {row['new_over_old']:.3f}  max|diff| "
-                  f"{row['max_abs_diff']:.2e} (tol {row['tolerance']:.1e})  plan: {parts}  "
-                  f"[{row['new_api']}]", flush=True)  # fmt: skip
-            if not (row["outputs_agree"] and row["plans_equal"]):
-                failed.append(f"{case}@{_label(S)}")
+            if args.json:  # after every case: a run stopped by a time limit keeps what it did
+                with open(args.json, "w") as f:
+                    json.dump({"env": env, "rows": rows}, f, indent=1)
             if shape.device.type == "cuda":
                 torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"env": env, "rows": rows}, f, indent=1)
     if failed:
-        print(f"checks failed (outputs or plans differ): {', '.join(failed)}", file=sys.stderr)
+        print(f"checks failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
 

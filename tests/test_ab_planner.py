@@ -125,25 +125,51 @@ def test_bad_arguments_exit_2_naming_the_flag(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def _copy_of_this_tree(root: pathlib.Path) -> pathlib.Path:
+    for dist in ("modality-index", "sparse-kernels", "sparse-patterns"):
+        shutil.copytree(ROOT / "packages" / dist / "src", root / "packages" / dist / "src",
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    return root
+
+
+TINY = ["--device", "cpu", "--dtype", "float32", "--lengths", "256", "--reps", "1", "--warmup",
+        "0", "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--tokens-per-frame", "16",
+        "--block", "16"]  # fmt: skip
+
+
+def test_a_case_that_raises_is_recorded_and_the_others_still_run(tmp_path, monkeypatch, capsys):
+    base = _copy_of_this_tree(tmp_path / "base")
+    seen = []
+
+    def run_case(case, S, trees, shape, args):
+        seen.append(case)
+        raise RuntimeError(f"no {case} today")
+
+    monkeypatch.setattr(ab, "run_case", run_case)
+    out = tmp_path / "ab.json"
+    argv = [*TINY, "--cases", "grid,vs", "--base", str(base), "--json", str(out)]
+    assert ab.main(argv) == 1
+    assert seen == ["grid", "vs"]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["error"] for r in rows] == [
+        "RuntimeError: no grid today",
+        "RuntimeError: no vs today",
+    ]
+    assert "checks failed: grid@256 (error), vs@256 (error)" in capsys.readouterr().err
+
+
 def test_end_to_end_on_cpu_against_a_copy_of_this_tree(tmp_path):
     """The script's whole path at a tiny size, the old tree a copy of this one: distinct
     module objects, equal plans and outputs, this tree's modules in sys.modules afterwards."""
     import sparse_patterns
 
-    for dist in ("modality-index", "sparse-kernels", "sparse-patterns"):
-        shutil.copytree(ROOT / "packages" / dist / "src", tmp_path / "packages" / dist / "src",
-                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    old = ab.load_tree("old", tmp_path, ab.PACKAGES)
+    old = ab.load_tree("old", _copy_of_this_tree(tmp_path), ab.PACKAGES)
     assert old["sparse_patterns"] is not sparse_patterns
     assert old["sparse_patterns"].plan_layer is not sparse_patterns.plan_layer
     assert pathlib.Path(old["sparse_patterns"].__file__).is_relative_to(tmp_path)
     assert sys.modules["sparse_patterns"] is sparse_patterns
     out = tmp_path / "ab.json"
-    argv = ["--device", "cpu", "--dtype", "float32", "--lengths", "256", "--cases", "grid",
-            "--reps", "1", "--warmup", "0", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
-            "--tokens-per-frame", "16", "--block", "16", "--base", str(tmp_path),
-            "--json", str(out)]  # fmt: skip
-    assert ab.main(argv) == 0
+    assert ab.main([*TINY, "--cases", "grid", "--base", str(tmp_path), "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["max_abs_diff"] == 0.0 and row["plans_equal"] and row["plan_parts"]["lists"]
     assert sys.modules["sparse_patterns"] is sparse_patterns

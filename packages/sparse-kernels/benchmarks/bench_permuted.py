@@ -18,7 +18,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from sparse_kernels import grid_permutation, permuted_block_sparse_attention
+from sparse_kernels import SparsePlan, grid_permutation, permuted_block_sparse_attention
 from sparse_kernels.attention import masked_attention_reference
 from sparse_kernels.benchmarking import attention_flops, causal_pairs, record, run_benchmark
 from sparse_kernels.permuted import grid_line_offsets, inverse_permutation
@@ -87,7 +87,7 @@ def _grid_lists(S, stride):
     return idx[None, None].contiguous(), cnt[None, None].contiguous()
 
 
-def _check_rows(q, k, v, kw, out, heads=(0, 5), n_rows=256):
+def _check_rows(q, k, v, plan, out, heads=(0, 5), n_rows=256):
     """Reference for the last ``n_rows`` ORIGINAL rows of two heads (a full S x S mask would not
     fit): the listed permuted blocks of each row, mapped to original keys, causal."""
     S_Q, S_KV = q.shape[2], k.shape[2]
@@ -102,12 +102,12 @@ def _check_rows(q, k, v, kw, out, heads=(0, 5), n_rows=256):
             p = p.reshape(-1, S)
             return p[min(head, p.shape[0] - 1)].long()
 
-        qp = perm_of(kw["q_perm"], S_Q, h)
-        kvp = kw["kv_perm"]
+        qp = perm_of(plan.q_perm, S_Q, h)
+        kvp = plan.kv_perm
         kv_head = h if (kvp is not None and kvp.reshape(-1, S_KV).shape[0] == H) else h // group
         kp = perm_of(kvp, S_KV, kv_head)
         r = inverse_permutation(qp)[rows]
-        idx, cnt = kw["kv_block_indices"], kw["kv_block_counts"]
+        idx, cnt = plan.kv_indices, plan.kv_num_blocks
         hi = min(h, idx.shape[1] - 1)
         lists = idx[0, hi, r // BLOCK].long()  # [n_rows, MAXB]
         valid = torch.arange(lists.shape[1], device="cuda") < cnt[0, hi, r // BLOCK, None]
@@ -131,7 +131,7 @@ def _check_rows(q, k, v, kw, out, heads=(0, 5), n_rows=256):
     return worst
 
 
-def _gather_kw(provider, S):
+def _gather_plan(provider, S):
     idx, cnt = _random_lists(S)
     if provider == "unpermuted":
         q_perm = kv_perm = None
@@ -146,13 +146,13 @@ def _gather_kw(provider, S):
         kv_perm = kv_perm.to(torch.int32)
     else:
         raise ValueError(provider)
-    return dict(
+    return SparsePlan(
         q_perm=q_perm,
         kv_perm=kv_perm,
-        kv_block_indices=idx,
-        kv_block_counts=cnt,
-        block_m=BLOCK,
-        block_n=BLOCK,
+        kv_indices=idx,
+        kv_num_blocks=cnt,
+        block_size=BLOCK,
+        seq_lengths=(S, S),
         causal=True,
     )
 
@@ -162,13 +162,12 @@ def _gather_kw(provider, S):
 def test_permuted_gather_cost(benchmark, shape, provider):
     S = GATHER_SHAPES[shape]
     q, k, v = _inputs(S)
-    kw = _gather_kw(provider, S)
-    # Checked once with the correctness call; the timed call is the kernel alone.
-    err = _check_rows(q, k, v, kw, permuted_block_sparse_attention(q, k, v, **kw).out)
-    fn = lambda: permuted_block_sparse_attention(q, k, v, **kw, check_perm=False).out
+    plan = _gather_plan(provider, S)  # contents checked here, once: the timed call is the kernel
+    err = _check_rows(q, k, v, plan, permuted_block_sparse_attention(q, k, v, plan).out)
+    fn = lambda: permuted_block_sparse_attention(q, k, v, plan).out
     torch.cuda.reset_peak_memory_stats()
     run_benchmark(benchmark, fn, rounds=10)
-    tiles = int(kw["kv_block_counts"].sum()) * B
+    tiles = int(plan.kv_num_blocks.sum()) * B
     record(
         benchmark,
         flops_dense=attention_flops(B, H, causal_pairs(S, S), D),
@@ -191,17 +190,17 @@ def test_grid_head(benchmark, shape, provider):
     if provider == "ours":
         p = grid_permutation(S, stride, 0, device="cuda").perm
         idx, cnt = _grid_lists(S, stride)
-        kw = dict(
+        plan = SparsePlan(
             q_perm=p,
             kv_perm=p,
-            kv_block_indices=idx,
-            kv_block_counts=cnt,
-            block_m=BLOCK,
-            block_n=BLOCK,
+            kv_indices=idx,
+            kv_num_blocks=cnt,
+            block_size=BLOCK,
+            seq_lengths=(S, S),
             causal=True,
         )
-        err = _check_rows(q, k, v, kw, permuted_block_sparse_attention(q, k, v, **kw).out)
-        fn = lambda: permuted_block_sparse_attention(q, k, v, **kw, check_perm=False).out
+        err = _check_rows(q, k, v, plan, permuted_block_sparse_attention(q, k, v, plan).out)
+        fn = lambda: permuted_block_sparse_attention(q, k, v, plan).out
         tiles = int(cnt.sum()) * H
     elif provider == "cudnn-dense":
         rep = H // H_KV

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from sparse_kernels import (
+    SparsePlan,
     attention,
     block_sparse_attention,
     build_vertical_slash_index,
@@ -369,9 +370,10 @@ def _flag_call(op: str, flag: str, value, impl: str):
         return vertical_slash_attention(q, k, v, vi, si, impl=impl, **{flag: value})
     idx = torch.arange(2, dtype=torch.int32, device=DEV).expand(1, 1, 2, 2).contiguous()
     cnt = torch.full((1, 1, 2), 2, dtype=torch.int32, device=DEV)
-    return permuted_block_sparse_attention(
-        q, k, v, kv_block_indices=idx, kv_block_counts=cnt, impl=impl, **{flag: value}
+    plan = SparsePlan(
+        kv_indices=idx, kv_num_blocks=cnt, block_size=64, seq_lengths=(80, 80), **{flag: value}
     )
+    return permuted_block_sparse_attention(q, k, v, plan, impl=impl)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

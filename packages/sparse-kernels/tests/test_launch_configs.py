@@ -141,6 +141,7 @@ def test_launchers_look_up_their_key(monkeypatch):
     group, key length, variant and blocks (the key a tuning run writes): a spy on every
     module's ``choose_config`` records what each op asks for while it runs once."""
     from sparse_kernels import (
+        SparsePlan,
         attention,
         block_sparse_attention,
         line_scores,
@@ -158,6 +159,7 @@ def test_launchers_look_up_their_key(monkeypatch):
     nb = S // 64
     idx = torch.arange(nb, dtype=torch.int32, device=dev).expand(1, 4, nb, nb).contiguous()
     cnt = torch.arange(1, nb + 1, dtype=torch.int32, device=dev).expand(1, 4, nb).contiguous()
+    plan = SparsePlan(kv_indices=idx, kv_num_blocks=cnt, block_size=64, seq_lengths=(S, S))
     bm = create_block_mask(
         lambda b, h, i, j: i >= j, None, None, S, S, device=dev.type, BLOCK_SIZE=(128, 64)
     )
@@ -177,9 +179,7 @@ def test_launchers_look_up_their_key(monkeypatch):
             dict(variant="causal", blocks=(128, 64)),
         ),
         "permuted": (
-            lambda: permuted_block_sparse_attention(
-                q, k, v, kv_block_indices=idx, kv_block_counts=cnt, impl="triton"
-            ),
+            lambda: permuted_block_sparse_attention(q, k, v, plan, impl="triton"),
             dict(variant="causal", blocks=(64, 64)),
         ),
         "vertical_slash": (

@@ -1,6 +1,11 @@
 import pytest
 import torch
-from sparse_kernels import attention, grid_permutation, permuted_block_sparse_attention
+from sparse_kernels import (
+    SparsePlan,
+    attention,
+    grid_permutation,
+    permuted_block_sparse_attention,
+)
 from sparse_kernels.attention import causal_mask, masked_attention_reference
 from sparse_kernels.permuted import (
     MAX_MODALITIES,
@@ -10,7 +15,6 @@ from sparse_kernels.permuted import (
     kv_block_runs,
     pair_bit,
     permuted_block_sparse_attention_reference,
-    permuted_mask,
     split_run_blocks,
 )
 from sparse_kernels.permuted.triton import _kv_block_summaries, _launch_permuted_fwd
@@ -96,10 +100,10 @@ def _case(B, H, H_KV, S_Q, S_KV, D, bm, bn, perm, kvp, density, causal, full, dt
     kw = dict(
         q_perm=q_perm,
         kv_perm=kv_perm,
-        kv_block_indices=idx,
-        kv_block_counts=cnt,
-        block_m=bm,
-        block_n=bn,
+        kv_indices=idx,
+        kv_num_blocks=cnt,
+        block_size=(bm, bn),
+        seq_lengths=(S_Q, S_KV),
         causal=causal,
     )
     if full:
@@ -107,14 +111,16 @@ def _case(B, H, H_KV, S_Q, S_KV, D, bm, bn, perm, kvp, density, causal, full, dt
         valid = torch.arange(idx.shape[-1], device=DEV) < cnt[..., None]
         taken.scatter_(-1, torch.where(valid, idx.long(), nkb).cpu(), True)
         fidx, fcnt = _random_blocks(lead, nqb, nkb, 0.3, g, exclude=taken[..., :nkb])
-        kw.update(full_kv_block_indices=fidx, full_kv_block_counts=fcnt)
+        kw.update(full_kv_indices=fidx, full_kv_num_blocks=fcnt)
     return q, k, v, kw
 
 
 def _check(q, k, v, kw, dtype):
-    res = permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
-    gold = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=torch.float64, **kw)
-    low = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=q.dtype, **kw)
+    """The kernel on ``SparsePlan(**kw)`` against the reference, within the error budget."""
+    plan = SparsePlan(**kw)
+    res = permuted_block_sparse_attention(q, k, v, plan, impl="triton")
+    gold = permuted_block_sparse_attention_reference(q, k, v, plan, compute_dtype=torch.float64)
+    low = permuted_block_sparse_attention_reference(q, k, v, plan, compute_dtype=q.dtype)
     assert res.out.shape == q.shape and res.out.dtype == q.dtype
     assert res.lse.shape == q.shape[:3] and res.lse.dtype == torch.float32
     assert_close_budget(res.out, low.out, gold.out, dtype=dtype, name="out")
@@ -254,10 +260,10 @@ def test_identity_all_blocks_equals_dense_kernel(causal):
     S = 300
     q, k, v = make_qkv(1, 4, 2, S, S, 64, dtype=torch.float32, device=DEV, seed=5)
     idx, cnt = _all_blocks(S, S, bm, bn, causal)
-    res = permuted_block_sparse_attention(
-        q, k, v, kv_block_indices=idx, kv_block_counts=cnt, block_m=bm, block_n=bn,
-        causal=causal, impl="triton",
-    )  # fmt: skip
+    plan = SparsePlan(
+        kv_indices=idx, kv_num_blocks=cnt, block_size=(bm, bn), seq_lengths=(S, S), causal=causal
+    )
+    res = permuted_block_sparse_attention(q, k, v, plan, impl="triton")
     dense = attention(q, k, v, causal=causal, impl="triton")
     if on_gpu():
         torch.testing.assert_close(res.out, dense.out, atol=1e-5, rtol=1e-5)
@@ -274,10 +280,11 @@ def test_all_blocks_with_any_permutation_is_dense_causal(perm):
     q, k, v = make_qkv(1, H, H_KV, S, S, 64, dtype=torch.float32, device=DEV, seed=1)
     q_perm, kv_perm = _perms(perm, 1, H, H_KV, S, S, "kv", _gen(3))
     idx, cnt = _all_blocks(S, S, 32, 32, False)
-    res = permuted_block_sparse_attention(
-        q, k, v, q_perm=q_perm, kv_perm=kv_perm, kv_block_indices=idx, kv_block_counts=cnt,
-        block_m=32, block_n=32, impl="triton",
+    plan = SparsePlan(
+        q_perm=q_perm, kv_perm=kv_perm, kv_indices=idx, kv_num_blocks=cnt, block_size=32,
+        seq_lengths=(S, S),
     )  # fmt: skip
+    res = permuted_block_sparse_attention(q, k, v, plan, impl="triton")
     gold = attention(q, k, v, impl="reference")
     torch.testing.assert_close(res.out, gold.out, atol=2e-5, rtol=0)
     torch.testing.assert_close(res.lse, gold.lse, atol=2e-5, rtol=0)
@@ -292,18 +299,18 @@ def test_causal_is_on_original_positions_not_permuted_ones():
     m = torch.arange(nb, device=DEV)
     idx = torch.stack([m, (m - 1).clamp_min(0)], -1).to(torch.int32).view(1, 1, nb, 2)
     cnt = torch.where(m > 0, 2, 1).to(torch.int32).view(1, 1, nb)
-    kw = dict(
-        q_perm=perm, kv_perm=perm, kv_block_indices=idx, kv_block_counts=cnt, block_m=bm, block_n=bm
-    )
-    res = permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
+    plan = SparsePlan(
+        q_perm=perm, kv_perm=perm, kv_indices=idx, kv_num_blocks=cnt, block_size=bm,
+        seq_lengths=(S, S),
+    )  # fmt: skip
+    res = permuted_block_sparse_attention(q, k, v, plan, impl="triton")
     # Independent construction in original coordinates: key line == query line or the one
     # before it (line of token t is (t - 1) mod 4), and j <= i.
     i = torch.arange(S, device=DEV)
     line = (i - 1) % 4
     d = line[:, None] - line[None, :]
     planted = ((d == 0) | (d == 1)) & causal_mask(S, S, DEV)
-    got_mask = permuted_mask(B=1, H=2, H_KV=2, S_Q=S, S_KV=S, causal=True, device=DEV, **kw)
-    assert torch.equal(got_mask[0, 0], planted)
+    assert torch.equal(plan.to_dense(heads=2)[0, 0], planted)
     want = masked_attention_reference(q, k, v, planted, scale=64**-0.5, compute_dtype=torch.float64)
     torch.testing.assert_close(res.out, want.out, atol=2e-5, rtol=0)
     # A naive kernel applying causality to PERMUTED indices (c <= r) attends another set: e.g.
@@ -338,10 +345,10 @@ def test_grid_permutation_turns_planted_grid_into_dense_blocks(S, stride, phase)
     cnt = share.sum(-1).to(torch.int32)
     idx = torch.argsort((~share).to(torch.int8), dim=-1, stable=True).to(torch.int32)
     kw = dict(
-        q_perm=p.perm, kv_perm=p.perm, kv_block_indices=idx[None, None], kv_block_counts=cnt[None, None],
-        block_m=bm, block_n=bm,
+        q_perm=p.perm, kv_perm=p.perm, kv_indices=idx[None, None], kv_num_blocks=cnt[None, None],
+        block_size=bm, seq_lengths=(S, S),
     )  # fmt: skip
-    mask = permuted_mask(B=1, H=H, H_KV=1, S_Q=S, S_KV=S, causal=True, device=DEV, **kw)[0, 0]
+    mask = SparsePlan(**kw).to_dense(heads=H)[0, 0]
     i = torch.arange(S, device=DEV)
     planted = ((i[:, None] - i[None, :]) % stride == 0) & causal_mask(S, S, DEV)
     assert bool((mask | ~planted).all()), "the permuted block lists must cover the planted grid"
@@ -515,28 +522,27 @@ def test_split_run_blocks_attends_the_same(perm, full):
         "identity-perm": 1,
     }[perm]
     idx, cnt, rs, rc = split_run_blocks(
-        kv_perm, kw["kv_block_indices"], kw["kv_block_counts"], blk, step=step
+        kv_perm, kw["kv_indices"], kw["kv_num_blocks"], blk, step=step
     )
-    split = dict(kw, kv_block_indices=idx, kv_block_counts=cnt, kv_run_starts=rs, kv_run_counts=rc)
+    split = dict(kw, kv_indices=idx, kv_num_blocks=cnt, kv_run_starts=rs, kv_run_counts=rc)
     split["kv_run_step"] = step
     # With a width given, the one-kernel split equals the torch one entry for entry.
     runs = kv_block_runs(kv_perm, blk, step)
-    W = kw["kv_block_indices"].shape[-1]
+    W = kw["kv_indices"].shape[-1]
     for width in (W, W + 3):
-        args = (kv_perm, kw["kv_block_indices"], kw["kv_block_counts"], blk)
+        args = (kv_perm, kw["kv_indices"], kw["kv_num_blocks"], blk)
         ref = split_run_blocks(*args, runs=runs, width=width, impl="reference")
         got = split_run_blocks(*args, runs=runs, width=width, impl="triton")
         assert all(torch.equal(a, b) for a, b in zip(got, ref)), width
     with pytest.raises(NotImplementedError, match="needs an output width"):
         split_run_blocks(*args, runs=runs, impl="triton")
-    assert int(cnt.sum() + rc.sum()) == int(kw["kv_block_counts"].sum())
+    assert int(cnt.sum() + rc.sum()) == int(kw["kv_num_blocks"].sum())
     assert int(rc.sum()) > 0
     if perm == "identity-perm":
         assert int(cnt.sum()) == 0
-    shape = dict(B=B, H=H, H_KV=H_KV, S_Q=S, S_KV=S, device=DEV)
     for causal in (True, False):
-        want = permuted_mask(**shape, **dict(kw, causal=causal))
-        got = permuted_mask(**shape, **dict(split, causal=causal))
+        want = SparsePlan(**dict(kw, causal=causal)).to_dense(heads=H)
+        got = SparsePlan(**dict(split, causal=causal)).to_dense(heads=H)
         assert torch.equal(got, want)
     _check(q, k, v, split, torch.float32)
 
@@ -549,17 +555,18 @@ def test_per_head_permutations_in_one_launch_match_per_head_calls():
         S, torch.tensor([5, 9, 12], device=DEV), torch.tensor([0, 4, 11], device=DEV)
     )
     idx, cnt = _random_blocks((1, H), 5, 5, 0.6, _gen(4))
-    kw = dict(block_m=32, block_n=32, impl="triton")
-    res = permuted_block_sparse_attention(
-        q, k, v, q_perm=p.perm[None], kv_perm=p.perm[None], kv_block_indices=idx,
-        kv_block_counts=cnt, **kw,
-    )  # fmt: skip
+    kw = dict(block_size=32, seq_lengths=(S, S))
+    plan = SparsePlan(
+        q_perm=p.perm[None], kv_perm=p.perm[None], kv_indices=idx, kv_num_blocks=cnt, **kw
+    )
+    res = permuted_block_sparse_attention(q, k, v, plan, impl="triton")
     for h in range(H):
         sl = slice(h, h + 1)
-        one = permuted_block_sparse_attention(
-            q[:, sl], k[:, sl], v[:, sl], q_perm=p.perm[h], kv_perm=p.perm[h],
-            kv_block_indices=idx[:, sl], kv_block_counts=cnt[:, sl], **kw,
+        head = SparsePlan(
+            q_perm=p.perm[h], kv_perm=p.perm[h], kv_indices=idx[:, sl], kv_num_blocks=cnt[:, sl],
+            **kw,
         )  # fmt: skip
+        one = permuted_block_sparse_attention(q[:, sl], k[:, sl], v[:, sl], head, impl="triton")
         assert torch.equal(res.out[:, sl], one.out) and torch.equal(res.lse[:, sl], one.lse)
 
 
@@ -569,10 +576,11 @@ def test_empty_rows_are_zero_with_neginf_lse():
     perm = _random_perm((), S, _gen(0)).to(DEV)
     idx = torch.zeros(1, 1, 4, 1, dtype=torch.int32, device=DEV)
     cnt = torch.tensor([[[1, 0, 1, 0]]], dtype=torch.int32, device=DEV)
-    res = permuted_block_sparse_attention(
-        q, k, v, q_perm=perm, kv_block_indices=idx, kv_block_counts=cnt, block_m=bm, block_n=bm,
-        causal=False, impl="triton",
+    plan = SparsePlan(
+        q_perm=perm, kv_indices=idx, kv_num_blocks=cnt, block_size=bm, seq_lengths=(S, S),
+        causal=False,
     )  # fmt: skip
+    res = permuted_block_sparse_attention(q, k, v, plan, impl="triton")
     empty_rows = perm[torch.cat([torch.arange(32, 64), torch.arange(96, 97)]).to(DEV)].long()
     assert torch.equal(res.out[:, :, empty_rows], torch.zeros_like(res.out[:, :, empty_rows]))
     assert bool(torch.isneginf(res.lse[:, :, empty_rows]).all())
@@ -589,23 +597,24 @@ def test_full_blocks_skip_the_causal_mask():
     idx = torch.tensor([[[[0], [0]]]], dtype=torch.int32, device=DEV)
     cnt = torch.ones(1, 1, 2, dtype=torch.int32, device=DEV)
     fidx = torch.tensor([[[[1], [1]]]], dtype=torch.int32, device=DEV)
-    res = permuted_block_sparse_attention(
-        q, k, v, kv_block_indices=idx, kv_block_counts=cnt, full_kv_block_indices=fidx,
-        full_kv_block_counts=cnt, block_m=bm, block_n=bm, impl="triton",
+    plan = SparsePlan(
+        kv_indices=idx, kv_num_blocks=cnt, full_kv_indices=fidx, full_kv_num_blocks=cnt,
+        block_size=bm, seq_lengths=(S, S),
     )  # fmt: skip
+    res = permuted_block_sparse_attention(q, k, v, plan, impl="triton")
     i = torch.arange(S, device=DEV)
     mask = ((i[None, :] < 32) & (i[None, :] <= i[:, None])) | (i[None, :] >= 32)
     want = masked_attention_reference(q, k, v, mask, scale=64**-0.5, compute_dtype=torch.float64)
     torch.testing.assert_close(res.out, want.out, atol=2e-5, rtol=0)
 
 
-def test_noncontiguous_bshd_inputs_and_int64_indices():
+def test_noncontiguous_bshd_inputs():
     q, k, v = make_qkv(1, 4, 2, 97, 97, 64, dtype=torch.float16, device=DEV, seed=8, layout="bshd")
     q_perm, kv_perm = _perms("random", 1, 4, 2, 97, 97, "kv", _gen(8))
     idx, cnt = _random_blocks((1, 4), 2, 2, 0.7, _gen(9))
     kw = dict(
-        q_perm=q_perm.long(), kv_perm=kv_perm.long(), kv_block_indices=idx.long(),
-        kv_block_counts=cnt.long(), block_m=64, block_n=64, causal=True,
+        q_perm=q_perm, kv_perm=kv_perm, kv_indices=idx, kv_num_blocks=cnt, block_size=64,
+        seq_lengths=(97, 97),
     )  # fmt: skip
     _check(q, k, v, kw, torch.float16)
 
@@ -628,8 +637,8 @@ def _modality_case(S, H, H_KV, n_mod, dtype, seed):
     )
     pairs = (bits * weights).sum((-1, -2)).to(DEV)
     kw = dict(
-        q_perm=perm, kv_perm=perm, kv_block_indices=idx, kv_block_counts=cnt, block_m=32,
-        block_n=32, q_modality=mod, kv_modality=mod, kv_block_pairs=pairs,
+        q_perm=perm, kv_perm=perm, kv_indices=idx, kv_num_blocks=cnt, block_size=32,
+        seq_lengths=(S, S), q_modality=mod, kv_modality=mod, kv_block_pairs=pairs,
     )  # fmt: skip
     return q, k, v, kw
 
@@ -651,11 +660,11 @@ def test_intra_modality_pairs_equal_independent_mask():
     # 2D-Boundary with only same-modality pairs allowed, every block listed: exactly
     # "same modality and causal", although blocks straddle modality boundaries in permuted order.
     q, k, v, kw = _modality_case(150, 2, 1, 3, torch.float32, seed=5)
-    nb = kw["kv_block_indices"].shape[-1]
-    kw["kv_block_counts"] = torch.full_like(kw["kv_block_counts"], nb)
+    nb = kw["kv_indices"].shape[-1]
+    kw["kv_num_blocks"] = torch.full_like(kw["kv_num_blocks"], nb)
     same = sum(pair_bit(a, a) for a in range(3))
     kw["kv_block_pairs"] = torch.full_like(kw["kv_block_pairs"], same)
-    res = permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
+    res = permuted_block_sparse_attention(q, k, v, SparsePlan(**kw), impl="triton")
     mod = kw["q_modality"]
     mask = (mod[:, None] == mod[None, :]) & causal_mask(150, 150, DEV)
     want = masked_attention_reference(q, k, v, mask, scale=64**-0.5, compute_dtype=torch.float64)
@@ -667,96 +676,40 @@ def test_all_pairs_allowed_equals_no_pair_mask():
     # Every bit set (int64 -1, bit 63 = pair (7, 7) included) must change nothing.
     q, k, v, kw = _modality_case(97, 2, 2, MAX_MODALITIES, torch.float32, seed=3)
     kw["kv_block_pairs"] = torch.full_like(kw["kv_block_pairs"], -1)
-    with_pairs = permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
+    with_pairs = permuted_block_sparse_attention(q, k, v, SparsePlan(**kw), impl="triton")
     for name in ("q_modality", "kv_modality", "kv_block_pairs"):
         kw.pop(name)
-    without = permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
+    without = permuted_block_sparse_attention(q, k, v, SparsePlan(**kw), impl="triton")
     assert torch.equal(with_pairs.out, without.out) and torch.equal(with_pairs.lse, without.lse)
 
 
-def _bad_kw(**over):
-    kw = dict(
-        kv_block_indices=torch.zeros(1, 1, 2, 1, dtype=torch.int32, device=DEV),
-        kv_block_counts=torch.ones(1, 1, 2, dtype=torch.int32, device=DEV),
-        block_m=64,
-        block_n=64,
-    )
-    kw.update(over)
-    return kw
-
-
-def _t(x, dtype=torch.int32):
-    return torch.tensor(x, dtype=dtype, device=DEV)
-
-
-BAD = [
-    pytest.param(dict(q_perm=_t([0] * 100)), ValueError, "q_perm: expected a permutation", id="q_perm-repeats"),
-    pytest.param(dict(kv_perm=_t(list(range(1, 101)))), ValueError, "kv_perm: expected a permutation", id="kv_perm-out-of-range"),
-    pytest.param(dict(q_perm=_t(list(range(99)))), ValueError, r"q_perm: expected shape \[100\]", id="q_perm-short"),
-    pytest.param(dict(kv_perm=torch.zeros(1, 3, 100, dtype=torch.int32, device=DEV)), ValueError, "kv_perm: expected shape", id="kv_perm-heads"),
-    pytest.param(dict(q_perm=torch.arange(100.0, device=DEV)), TypeError, "q_perm: expected dtype int32", id="q_perm-float"),
-    pytest.param(dict(kv_block_counts=_t([[[2, 1]]])), ValueError, r"values in \[0, MAXB=1\]", id="count-over-maxb"),
-    pytest.param(dict(kv_block_indices=_t([[[[2], [0]]]])), ValueError, r"key blocks in \[0, 2\)", id="block-out-of-range"),
-    pytest.param(dict(kv_block_indices=_t([[[[0, 0], [1, 0]]]]), kv_block_counts=_t([[[2, 1]]])), ValueError, "at most once", id="block-twice"),
-    pytest.param(dict(full_kv_block_indices=_t([[[[0], [1]]]]), full_kv_block_counts=_t([[[1, 1]]])), ValueError, "at most once", id="block-in-both-lists"),
-    pytest.param(dict(full_kv_block_indices=_t([[[[1], [1]]]])), ValueError, "both or neither", id="full-without-counts"),
-    pytest.param(dict(kv_block_indices=torch.zeros(1, 1, 3, 1, dtype=torch.int32, device=DEV)), ValueError, "NQB=2", id="wrong-nqb"),
-    pytest.param(dict(kv_block_counts=torch.ones(1, 2, 2, dtype=torch.int32, device=DEV)), ValueError, "kv_block_counts: expected shape", id="counts-shape"),
-    pytest.param(dict(block_m=0), ValueError, "block_m", id="block_m-zero"),
-    pytest.param(dict(block_n=64.0), TypeError, "block_n", id="block_n-float"),
-    pytest.param(dict(check_perm="yes"), TypeError, "check_perm", id="check_perm-str"),
-    pytest.param(dict(q_modality=_t([0] * 100)), ValueError, "all three or none", id="pairs-partial"),
-    pytest.param(dict(q_modality=_t([0] * 100), kv_modality=_t([8] * 100), kv_block_pairs=_t([[[[1], [1]]]], torch.int64)), ValueError, r"modality ids in \[0, 8\)", id="modality-9th"),
-    pytest.param(dict(q_modality=_t([0] * 99), kv_modality=_t([0] * 100), kv_block_pairs=_t([[[[1], [1]]]], torch.int64)), ValueError, r"q_modality: expected shape \[100\]", id="modality-short"),
-    pytest.param(dict(q_modality=_t([0] * 100), kv_modality=_t([0] * 100), kv_block_pairs=_t([[[1, 1]]], torch.int64)), ValueError, "kv_block_pairs: expected the shape", id="pairs-shape"),
-    pytest.param(dict(kv_run_starts=_t([[[[0], [64]]]])), ValueError, "kv_run_starts and kv_run_counts: expected both", id="runs-without-counts"),
-    pytest.param(dict(kv_run_starts=_t([[[[0], [64]]]]), kv_run_counts=_t([[1, 1]])), ValueError, "kv_run_counts: expected shape", id="run-counts-shape"),
-    pytest.param(dict(kv_run_starts=_t([[[[0], [100]]]]), kv_run_counts=_t([[[1, 1]]])), ValueError, r"original key positions in \[0, 100\)", id="run-start-out-of-range"),
-    pytest.param(dict(kv_run_step=0), ValueError, "kv_run_step: expected an int >= 1", id="run-step-zero"),
-    pytest.param(dict(kv_run_step=2.0), TypeError, "kv_run_step: expected an int", id="run-step-float"),
-    pytest.param(dict(kv_run_step=_t([1, 1, 1])), ValueError, r"kv_run_step: expected shape \[1 or 1, 2 or 1\]", id="run-step-shape"),
-    pytest.param(dict(kv_run_starts=_t([[[[0], [64]]]]), kv_run_counts=_t([[[1, 1]]]), kv_run_step=_t([[0, 1]])), ValueError, "kv_run_step: expected steps >= 1", id="run-step-tensor-zero"),
-    pytest.param(dict(kv_run_starts=_t([[[[0], [64]]]]), kv_run_counts=_t([[[1, 1]]]), q_modality=_t([0] * 100), kv_modality=_t([0] * 100), kv_block_pairs=_t([[[[1], [1]]]], torch.int64)), NotImplementedError, "takes no pair masks", id="runs-with-pairs"),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("over,exc,match", BAD)
-def test_bad_input_raises(over, exc, match):
-    q, k, v = make_qkv(1, 2, 1, 100, 100, 64, dtype=torch.float32, device=DEV)
-    with pytest.raises(exc, match=match):
-        permuted_block_sparse_attention(q, k, v, impl="reference", **_bad_kw(**over))
-
-
-def test_contents_are_checked_by_default_on_the_triton_path():
-    q, k, v = make_qkv(1, 2, 1, 100, 100, 64, dtype=torch.float32, device=DEV)
-    with pytest.raises(ValueError, match="q_perm: expected a permutation"):
-        permuted_block_sparse_attention(q, k, v, impl="triton", **_bad_kw(q_perm=_t([0] * 100)))
-
-
 @pytest.mark.parametrize(
-    "over,D,match",
+    "block_size,D,match",
     [
-        pytest.param(dict(block_m=48), 64, "block_m", id="block48"),
-        pytest.param(dict(block_n=512), 64, "block_n", id="block512"),
-        pytest.param({}, 160, "head dims", id="D160"),
+        pytest.param((48, 64), 64, "block_m", id="block48"),
+        pytest.param((64, 512), 64, "block_n", id="block512"),
+        pytest.param((64, 64), 160, "head dims", id="D160"),
     ],
 )
-def test_triton_unsupported_cases_raise(over, D, match):
+def test_triton_unsupported_cases_raise(block_size, D, match):
     q, k, v = make_qkv(1, 2, 1, 100, 100, D, dtype=torch.float32, device=DEV)
-    kw = _bad_kw(**over)
-    nqb = -(-100 // kw["block_m"])
-    kw["kv_block_indices"] = torch.zeros(1, 1, nqb, 1, dtype=torch.int32, device=DEV)
-    kw["kv_block_counts"] = torch.ones(1, 1, nqb, dtype=torch.int32, device=DEV)
+    nqb = -(-100 // block_size[0])
+    plan = SparsePlan(
+        kv_indices=torch.zeros(1, 1, nqb, 1, dtype=torch.int32, device=DEV),
+        kv_num_blocks=torch.ones(1, 1, nqb, dtype=torch.int32, device=DEV),
+        block_size=block_size, seq_lengths=(100, 100),
+    )  # fmt: skip
     with pytest.raises(NotImplementedError, match=match):
-        permuted_block_sparse_attention(q, k, v, impl="triton", **kw)
+        permuted_block_sparse_attention(q, k, v, plan, impl="triton")
 
 
 def test_reference_row_chunking_is_exact():
     q, k, v, kw = _case(
         1, 4, 2, 300, 300, 32, 32, 64, "random", "kv", 0.5, True, True, torch.float64
     )
-    a = permuted_block_sparse_attention_reference(q, k, v, row_chunk=64, **kw)
-    b = permuted_block_sparse_attention_reference(q, k, v, row_chunk=1000, **kw)
+    plan = SparsePlan(**kw)
+    a = permuted_block_sparse_attention_reference(q, k, v, plan, row_chunk=64)
+    b = permuted_block_sparse_attention_reference(q, k, v, plan, row_chunk=1000)
     torch.testing.assert_close(a.out, b.out, atol=1e-12, rtol=0)
     torch.testing.assert_close(a.lse, b.lse, atol=1e-12, rtol=0)
 
@@ -765,10 +718,11 @@ def test_reference_accepts_any_block_size_and_head_dim():
     q, k, v = make_qkv(1, 2, 1, 50, 50, 24, dtype=torch.float32, device=DEV)
     perm = _random_perm((), 50, _gen(1)).to(DEV)
     idx, cnt = _all_blocks(50, 50, 7, 11, False)
-    res = permuted_block_sparse_attention(
-        q, k, v, q_perm=perm, kv_perm=perm, kv_block_indices=idx, kv_block_counts=cnt,
-        block_m=7, block_n=11, impl="reference",
+    plan = SparsePlan(
+        q_perm=perm, kv_perm=perm, kv_indices=idx, kv_num_blocks=cnt, block_size=(7, 11),
+        seq_lengths=(50, 50),
     )  # fmt: skip
+    res = permuted_block_sparse_attention(q, k, v, plan, impl="reference")
     want = attention(q, k, v, impl="reference")
     torch.testing.assert_close(res.out, want.out, atol=1e-6, rtol=0)
     torch.testing.assert_close(res.lse, want.lse, atol=1e-6, rtol=0)
@@ -798,10 +752,11 @@ def test_every_candidate_config_is_correct():
             torch.bfloat16,
             seed=bm + bn,
         )
-        gold = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=torch.float64, **kw)
-        low = permuted_block_sparse_attention_reference(q, k, v, compute_dtype=q.dtype, **kw)
+        plan = SparsePlan(**kw)
+        gold = permuted_block_sparse_attention_reference(q, k, v, plan, compute_dtype=torch.float64)
+        low = permuted_block_sparse_attention_reference(q, k, v, plan, compute_dtype=q.dtype)
         for cfg in pt.SPEC.fitting((bm, bn)):
-            out, lse = _launch_permuted_fwd(q, k, v, scale=128**-0.5, config=cfg, **kw)
+            out, lse = _launch_permuted_fwd(q, k, v, plan, scale=128**-0.5, config=cfg)
             assert_close_budget(out, low.out, gold.out, dtype=torch.bfloat16, name=str(cfg))
             assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
 
@@ -841,10 +796,7 @@ def test_identity_perms_match_flex_attention_block_mask():
     # Eager flex_attention evaluates mask_mod everywhere and ignores the block lists: only the
     # compiled kernel has BlockMask semantics (listed blocks, full blocks unmasked).
     ref = flex_attention_compiled(q, k, v, block_mask)
-    ours = permuted_block_sparse_attention(
-        q, k, v, kv_block_indices=idx, kv_block_counts=cnt, full_kv_block_indices=fidx,
-        full_kv_block_counts=fcnt, block_m=bm, block_n=bn,
-    )  # fmt: skip
+    ours = permuted_block_sparse_attention(q, k, v, SparsePlan.from_block_mask(block_mask))
     rows = ~torch.isneginf(ours.lse)  # flex leaves rows with no key at 0 as well
     err = (ours.out.float() - ref.float()).norm() / ref.float().norm()
     assert err < 1e-2, err
@@ -872,10 +824,11 @@ def test_grid_perms_match_flex_attention_mask_mod():
 
     block_mask = create_block_mask(mask_mod, 1, H, S, S, device="cuda")
     ref = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
-    ours = permuted_block_sparse_attention(
-        q, k, v, q_perm=p.perm, kv_perm=p.perm, kv_block_indices=idx, kv_block_counts=cnt,
-        block_m=bm, block_n=bn,
+    plan = SparsePlan(
+        q_perm=p.perm, kv_perm=p.perm, q_perm_inv=p.inverse, kv_perm_inv=p.inverse, kv_indices=idx,
+        kv_num_blocks=cnt, block_size=(bm, bn), seq_lengths=(S, S),
     )  # fmt: skip
+    ours = permuted_block_sparse_attention(q, k, v, plan)
     err = (ours.out.float() - ref.float()).norm() / ref.float().norm()
     assert err < 1e-2, err
 
@@ -915,11 +868,12 @@ def test_launch_config_tiles_must_divide_the_blocks():
     idx = torch.zeros(1, 1, 2, 1, dtype=torch.int32, device="meta")
     cnt = torch.ones(1, 1, 2, dtype=torch.int32, device="meta")
     cfg = LaunchConfig.of(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+    plan = SparsePlan(
+        kv_indices=idx, kv_num_blocks=cnt, block_size=64, seq_lengths=(128, 128),
+        check_contents=False,
+    )  # fmt: skip
     with pytest.raises(ValueError, match=r"tiles must divide the block sizes \(64, 64\), got"):
-        _launch_permuted_fwd(
-            q, k, v, q_perm=None, kv_perm=None, kv_block_indices=idx, kv_block_counts=cnt,
-            block_m=64, block_n=64, causal=True, scale=0.125, config=cfg,
-        )  # fmt: skip
+        _launch_permuted_fwd(q, k, v, plan, scale=0.125, config=cfg)
 
 
 def test_grid_offsets_and_permutation_check_strides_without_reading_them():

@@ -331,12 +331,14 @@ def _run_fraction(plan) -> float:
 def _same_lists(q, k, v, plan, q_perm=None, kv_perm=None):
     """The plan's block lists launched directly, with the given permutations (default none);
     the planner built them, so the timed call skips the input checks as the planner's own does."""
-    from sparse_kernels import permuted_block_sparse_attention
+    from sparse_kernels import SparsePlan, permuted_block_sparse_attention
 
-    return lambda: permuted_block_sparse_attention(
-        q, k, v, kv_block_indices=plan.kv_block_indices, kv_block_counts=plan.kv_block_counts,
-        q_perm=q_perm, kv_perm=kv_perm, block_m=BLOCK, block_n=BLOCK, check_perm=False,
+    lists = SparsePlan(
+        kv_indices=plan.kv_block_indices, kv_num_blocks=plan.kv_block_counts,
+        seq_lengths=(plan.S, plan.S), block_size=BLOCK, q_perm=q_perm, kv_perm=kv_perm,
+        check_contents=False,
     )  # fmt: skip
+    return lambda: permuted_block_sparse_attention(q, k, v, lists)
 
 
 @pytest.mark.parametrize("provider", ["permuted", "same-lists-unpermuted"])

@@ -15,6 +15,7 @@ from .fused import rms_norm, rotary, silu_mul
 from .grid_index import GridIndex, GridIndexer, grid_index
 from .merge import merge_attention
 from .permuted import grid_permutation, permuted_block_sparse_attention
+from .sparse_plan import SparsePlan
 from .triangle import a_shape_attention, triangle_attention
 from .vertical_slash import (
     VerticalSlashIndex,
@@ -24,6 +25,7 @@ from .vertical_slash import (
 
 __all__ = [
     "AttentionOutput",
+    "SparsePlan",
     "GridIndex",
     "GridIndexer",
     "VerticalSlashIndex",

@@ -160,10 +160,13 @@ class BlockPlan:
 
     def to_block_mask(self):
         """The plan as a FlexAttention ``BlockMask`` (what ``sparse_kernels.block_sparse_attention``
-        and ``flex_attention`` take), for plans WITHOUT permutations. Its ``mask_mod`` agrees
-        with its block lists (a listed block AND causal, looked up in an ``[B, H, NQB, NKB]``
-        bool table), so eager and compiled ``flex_attention`` both compute the plan exactly.
-        Raises ``NotImplementedError`` for permuted plans and plans with exact-vertical heads."""
+        and ``flex_attention`` take), for plans WITHOUT permutations: its block lists as a
+        ``sparse_kernels.SparsePlan`` and that plan's ``to_block_mask`` (whose ``mask_mod``
+        agrees with the lists, so eager and compiled ``flex_attention`` both compute the plan
+        exactly). Raises ``NotImplementedError`` for permuted plans (identity permutations are
+        checked by a host read) and plans with exact heads."""
+        from sparse_kernels import SparsePlan
+
         if self.exact_vertical:
             raise NotImplementedError(
                 "to_block_mask: the plan has Vertical-Slash heads with exact_verticals=True; "
@@ -174,36 +177,28 @@ class BlockPlan:
                 "to_block_mask: the plan has A-shape heads with exact=True; their window is not "
                 "blocks, run it with BlockPlan.run"
             )
-        if self.q_perm is not None or self.kv_perm is not None:
-            ar = torch.arange(self.S, device=self.kv_block_counts.device, dtype=torch.int32)
-            for name, p in (("q_perm", self.q_perm), ("kv_perm", self.kv_perm)):
-                if p is not None and not bool((p == ar).all()):
-                    raise NotImplementedError(
-                        f"to_block_mask: the plan has a non-identity {name} (Grid or boundary "
-                        f"heads); a BlockMask cannot express it, run it with BlockPlan.run"
-                    )
-        from torch.nn.attention.flex_attention import BlockMask
+        plan = SparsePlan(
+            kv_num_blocks=self.kv_block_counts, kv_indices=self.kv_block_indices,
+            seq_lengths=(self.S, self.S), block_size=self.block, causal=True,
+            q_perm=self.q_perm, kv_perm=self.kv_perm, check_contents=False,
+        )  # fmt: skip
+        return plan.to_block_mask()
 
-        nkb = -(-self.S // self.block)
-        idx = self.kv_block_indices
-        if idx.shape[-1] < nkb:
-            idx = torch.nn.functional.pad(idx, (0, nkb - idx.shape[-1]))
-        valid = torch.arange(idx.shape[-1], device=idx.device) < self.kv_block_counts[..., None]
-        table = torch.zeros(*idx.shape[:-1], nkb + 1, dtype=torch.bool, device=idx.device)
-        table.scatter_(-1, torch.where(valid, idx.long(), nkb), True)
-        table = table[..., :nkb].contiguous()
-        blk = self.block
+    @functools.cached_property
+    def sparse_plan(self):
+        """The ``sparse_kernels.SparsePlan`` that :meth:`run` executes with one
+        ``permuted_block_sparse_attention`` launch, made on first use from the launch lists
+        (see :meth:`_launch_lists`): the exact heads have no blocks in it (they run apart).
+        Valid by construction: made without content checks, so without a host read."""
+        from sparse_kernels import SparsePlan
 
-        def listed_causal(b, h, q_idx, kv_idx):
-            return table[b, h, q_idx // blk, kv_idx // blk] & (kv_idx <= q_idx)
-
-        return BlockMask.from_kv_blocks(
-            self.kv_block_counts.contiguous(),
-            idx.contiguous(),
-            BLOCK_SIZE=(self.block, self.block),
-            mask_mod=listed_causal,
-            seq_lengths=(self.S, self.S),
-        )
+        idx, counts, runs = self._launch_lists
+        return SparsePlan(
+            kv_num_blocks=counts, kv_indices=idx, seq_lengths=(self.S, self.S),
+            block_size=self.block, causal=True, q_perm=self.q_perm, kv_perm=self.kv_perm,
+            kv_run_starts=runs[0] if runs else None, kv_run_counts=runs[1] if runs else None,
+            kv_run_step=runs[2] if runs else 1, check_contents=False,
+        )  # fmt: skip
 
     @functools.cached_property
     def _launch_lists(self):
@@ -265,27 +260,7 @@ class BlockPlan:
                 torch.empty_like(q), torch.empty(B, H, S, dtype=torch.float32, device=q.device)
             )
         else:
-            idx, counts, runs = self._launch_lists
-            res = permuted_block_sparse_attention(
-                q,
-                k,
-                v,
-                kv_block_indices=idx,
-                kv_block_counts=counts,
-                kv_run_starts=runs[0] if runs else None,
-                kv_run_counts=runs[1] if runs else None,
-                kv_run_step=runs[2] if runs else 1,
-                q_perm=self.q_perm,
-                kv_perm=self.kv_perm,
-                block_m=self.block,
-                block_n=self.block,
-                causal=True,
-                scale=scale,
-                impl=impl,
-                # The planner's lists and permutations are valid by construction: no content
-                # checks (their host read would break the graph-captured planning's no-sync path).
-                check_perm=False,
-            )
+            res = permuted_block_sparse_attention(q, k, v, self.sparse_plan, scale=scale, impl=impl)
         for part in parts:
             at, part_res = self._run_part(part, q, k, v, scale, impl)
             res.out[:, at] = part_res.out

@@ -12,7 +12,6 @@ from .reference import (
     MAX_MODALITIES,
     pair_bit,
     permuted_block_sparse_attention_reference,
-    permuted_mask,
 )
 
 __all__ = [
@@ -26,6 +25,5 @@ __all__ = [
     "pair_bit",
     "permuted_block_sparse_attention",
     "permuted_block_sparse_attention_reference",
-    "permuted_mask",
     "split_run_blocks",
 ]

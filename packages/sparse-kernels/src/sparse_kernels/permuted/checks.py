@@ -1,17 +1,21 @@
-"""Content checks of the permuted op's index tensors, evaluated on their device.
+"""Content checks of a ``SparsePlan``'s index tensors, evaluated on their device.
 
 Every condition is reduced to one flag on the device; the flags are read back together (one
-host synchronisation per call). Only when a flag is set are the details (which entry, which
+host synchronisation per ``SparsePlan.check``). Only when a flag is set are the details (which entry, which
 value) read back for the error message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from .reference import MAX_MODALITIES
+
+if TYPE_CHECKING:
+    from ..sparse_plan import SparsePlan
 
 # (flag: 0-d bool tensor, message builder called only when the flag is set)
 Check = tuple[torch.Tensor, Callable[[], str]]
@@ -104,7 +108,7 @@ def unique_blocks_check(lists: list[tuple[torch.Tensor, torch.Tensor]]) -> Check
         block = int(s[tuple(where)])
         times = int((keyed[tuple(where[:-1])] == block).sum())
         return (
-            "kv_block_indices / full_kv_block_indices: expected each key block at most once "
+            "kv_indices / full_kv_indices: expected each key block at most once "
             f"per query block (over both lists), got key block {block} listed {times} times "
             f"for [b, h, query block] = {where[:-1]}"
         )
@@ -112,8 +116,60 @@ def unique_blocks_check(lists: list[tuple[torch.Tensor, torch.Tensor]]) -> Check
     return bad.any(), message
 
 
+def inverse_check(perm: torch.Tensor, inv: torch.Tensor, name: str, of: str) -> list[Check]:
+    """``inv`` is the inverse of the permutation ``perm`` (same shape): entries in range and
+    ``perm[inv[i]] == i`` for every ``i``."""
+    S = inv.shape[-1]
+    in_range = range_check(inv, name, 0, S, f"the inverse of {of} (every entry in [0, {S}))")
+    back = perm.long().gather(-1, inv.long().clamp(0, S - 1))
+    bad = back != torch.arange(S, device=inv.device)
+
+    def message() -> str:
+        where = _first(bad)
+        return (
+            f"{name}: expected the inverse of {of} ({of}[{name}[i]] == i), got "
+            f"{of}[{name}[{where[-1]}]] = {int(back[tuple(where)])} at {where}"
+        )
+
+    return [in_range, (bad.any(), message)]
+
+
 def modality_check(mod: torch.Tensor, name: str) -> Check:
     return range_check(mod, name, 0, MAX_MODALITIES, f"modality ids in [0, {MAX_MODALITIES})")
+
+
+def plan_checks(plan: SparsePlan) -> list[Check]:
+    """The content checks of every index tensor of ``plan`` (see ``SparsePlan.check``), not yet
+    read back."""
+    found = []
+    for side in ("q", "kv"):
+        perm, inv = getattr(plan, f"{side}_perm"), getattr(plan, f"{side}_perm_inv")
+        if perm is not None:
+            found += perm_check(perm, f"{side}_perm")
+        if inv is not None:
+            found += inverse_check(perm, inv, f"{side}_perm_inv", f"{side}_perm")
+    if plan.q_modality is not None:
+        found.append(modality_check(plan.q_modality, "q_modality"))
+        found.append(modality_check(plan.kv_modality, "kv_modality"))
+    listed = []
+    for prefix in ("", "full_"):
+        idx, cnt = getattr(plan, f"{prefix}kv_indices"), getattr(plan, f"{prefix}kv_num_blocks")
+        if idx is not None:
+            names = (f"{prefix}kv_indices", f"{prefix}kv_num_blocks", "W")
+            got, mask = counted_checks(idx, cnt, names, "listed key blocks", plan.num_kv_blocks)
+            found += got
+            listed.append((idx, mask))
+    # A key block listed twice for one query block (in one list, or in both) would be summed
+    # twice by the kernel.
+    found.append(unique_blocks_check(listed))
+    if plan.kv_run_starts is not None:
+        names = ("kv_run_starts", "kv_run_counts", "R")
+        got, _ = counted_checks(plan.kv_run_starts, plan.kv_run_counts, names,
+                                "original key positions", plan.seq_lengths[1])  # fmt: skip
+        found += got
+        if isinstance(plan.kv_run_step, torch.Tensor):
+            found.append(range_check(plan.kv_run_step, "kv_run_step", 1, None, "steps >= 1"))
+    return found
 
 
 def raise_first(checks: list[Check]) -> None:

@@ -1,17 +1,22 @@
 """Plain PyTorch oracle for permuted block-sparse attention.
 
-It never runs attention in permuted order: it builds the exact bool mask in ORIGINAL
+It never runs attention in permuted order: it builds the plan's exact bool mask in ORIGINAL
 coordinates (block lists in permuted space gathered through the inverse permutations, causal
-on original positions) and calls ``masked_attention_reference`` on the original q, k, v.
+on original positions: ``SparsePlan.to_dense``) and calls ``masked_attention_reference`` on the
+original q, k, v.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
 from .._types import AttentionOutput
 from ..attention.reference import causal_mask, masked_attention_reference
-from .perms import inverse_permutation
+
+if TYPE_CHECKING:
+    from ..sparse_plan import SparsePlan
 
 # Modality ids are in [0, MAX_MODALITIES); pair (a, b) is bit ``a * MAX_MODALITIES + b`` of an
 # int64 pair mask.
@@ -26,16 +31,6 @@ def pair_bit(q_modality: int, kv_modality: int) -> int:
             raise ValueError(f"{name}: expected a modality id in [0, {MAX_MODALITIES}), got {m}")
     bit = q_modality * MAX_MODALITIES + kv_modality
     return 1 << bit if bit < 63 else -(1 << 63)
-
-
-def expand_perm(perm: torch.Tensor | None, B: int, H: int, S: int, device) -> torch.Tensor:
-    """A ``[S]``, ``[H|1, S]`` or ``[B|1, H|1, S]`` permutation (None = identity) as int64
-    ``[B, H, S]``."""
-    if perm is None:
-        return torch.arange(S, device=device).expand(B, H, S)
-    if perm.ndim < 3:
-        perm = perm.reshape(1, -1, S)
-    return perm.to(device=device, dtype=torch.int64).expand(B, H, S)
 
 
 def block_list_mask(
@@ -61,36 +56,14 @@ def block_list_mask(
     return out[..., :n_kv_blocks]
 
 
-def _modality_rows(mod: torch.Tensor, B: int, S: int, device) -> torch.Tensor:
-    """A ``[S]`` or ``[B|1, S]`` modality id tensor as int64 ``[B, S]``."""
-    return mod.to(device=device, dtype=torch.int64).reshape(-1, S).expand(B, S)
+def _modality_rows(mod: torch.Tensor, B: int, S: int) -> torch.Tensor:
+    """A ``[B'|1, S]`` modality id tensor as int64 ``[B, S]``."""
+    return mod.to(torch.int64).expand(B, S)
 
 
-def permuted_mask(
-    *,
-    B: int,
-    H: int,
-    H_KV: int,
-    S_Q: int,
-    S_KV: int,
-    q_perm: torch.Tensor | None,
-    kv_perm: torch.Tensor | None,
-    kv_block_indices: torch.Tensor,
-    kv_block_counts: torch.Tensor,
-    full_kv_block_indices: torch.Tensor | None = None,
-    full_kv_block_counts: torch.Tensor | None = None,
-    block_m: int,
-    block_n: int,
-    causal: bool,
-    q_modality: torch.Tensor | None = None,
-    kv_modality: torch.Tensor | None = None,
-    kv_block_pairs: torch.Tensor | None = None,
-    kv_run_starts: torch.Tensor | None = None,
-    kv_run_counts: torch.Tensor | None = None,
-    kv_run_step: int | torch.Tensor = 1,
-    device: torch.device | str = "cpu",
-) -> torch.Tensor:
-    """``[B, H, S_Q, S_KV]`` bool in ORIGINAL coordinates: what query ``i`` attends.
+def dense_mask(plan: SparsePlan, H: int) -> torch.Tensor:
+    """``[B', H, S_Q, S_KV]`` bool in ORIGINAL coordinates: what query ``i`` attends under
+    ``plan`` (``SparsePlan.to_dense``, which checks ``H``; ``B'`` the plan's batch).
 
     Original query ``i`` sits at permuted row ``r = q_inv[i]``, original key ``j`` at permuted
     column ``c = kv_inv[j]``. The pair is attended iff block ``(r // block_m, c // block_n)`` is in
@@ -100,7 +73,9 @@ def permuted_mask(
     the original keys ``s + i * kv_run_step`` (``i < block_n``, below ``S_KV``) for its rows,
     under the same causal rule.
     """
-    nqb, nkb = -(-S_Q // block_m), -(-S_KV // block_n)
+    B, (S_Q, S_KV), (block_m, block_n) = plan.batch, plan.seq_lengths, plan.block_size
+    device = plan.device
+    nqb, nkb = plan.num_q_blocks, plan.num_kv_blocks
     # Block of each row / column: indexing by it costs O(S) whatever the block size (a block
     # larger than the sequence is one block), where repeating each block would cost O(block).
     row_block = torch.arange(S_Q, device=device) // block_m
@@ -110,51 +85,51 @@ def permuted_mask(
         return x.index_select(2, row_block).index_select(3, col_block)
 
     def elem(indices, counts):
-        bm = block_list_mask(indices.to(device), counts.to(device), nkb)
-        return spread(bm.expand(B, H, nqb, nkb))
+        return spread(block_list_mask(indices, counts, nkb).expand(B, H, nqb, nkb))
 
-    qp = expand_perm(q_perm, B, H, S_Q, device)
-    if kv_perm is not None and kv_perm.ndim >= 2 and kv_perm.shape[-2] == H_KV and H_KV != H:
-        kv_perm = kv_perm.repeat_interleave(H // H_KV, dim=-2)
-    kp = expand_perm(kv_perm, B, H, S_KV, device)
-    q_inv = inverse_permutation(qp)
-    kv_inv = inverse_permutation(kp)
+    def per_head(inv, S):
+        # [B'|1, heads|1, S] -> [B, H, S]; fewer heads than H: one per KV head (a group each).
+        if inv is None:
+            return torch.arange(S, device=device).expand(B, H, S)
+        if inv.shape[1] not in (1, H):
+            inv = inv.repeat_interleave(H // inv.shape[1], dim=1)
+        return inv.long().expand(B, H, S)
+
+    q_inv = per_head(plan.q_inverse, S_Q)
+    kv_inv = per_head(plan.kv_inverse, S_KV)
 
     def to_original(m):
         # rows: original i reads permuted row q_inv[i]; then columns likewise.
         m = torch.gather(m, 2, q_inv[..., None].expand(B, H, S_Q, S_KV))
         return torch.gather(m, 3, kv_inv[:, :, None, :].expand(B, H, S_Q, S_KV))
 
-    mask = to_original(elem(kv_block_indices, kv_block_counts))
-    if kv_block_pairs is not None:
+    mask = to_original(elem(plan.kv_indices, plan.kv_num_blocks))
+    if plan.kv_block_pairs is not None:
         bits = block_list_mask(
-            kv_block_indices.to(device),
-            kv_block_counts.to(device),
-            nkb,
-            values=kv_block_pairs.to(device=device, dtype=torch.int64),
+            plan.kv_indices, plan.kv_num_blocks, nkb, values=plan.kv_block_pairs.long()
         ).expand(B, H, nqb, nkb)
         bits = to_original(spread(bits))
-        qm = _modality_rows(q_modality, B, S_Q, device)[:, None, :, None]
-        km = _modality_rows(kv_modality, B, S_KV, device)[:, None, None, :]
+        qm = _modality_rows(plan.q_modality, B, S_Q)[:, None, :, None]
+        km = _modality_rows(plan.kv_modality, B, S_KV)[:, None, None, :]
         mask = mask & (torch.bitwise_right_shift(bits, qm * MAX_MODALITIES + km) & 1).bool()
-    if kv_run_starts is not None:
+    if plan.kv_run_starts is not None:
         # Runs are in ORIGINAL key order already: spread each start over its block_n keys.
-        st = kv_run_starts.to(device=device, dtype=torch.int64)
-        valid = torch.arange(st.shape[-1], device=device) < kv_run_counts.to(device)[..., None]
-        step = torch.as_tensor(kv_run_step, dtype=torch.int64, device=device)
-        step = step.reshape(1, 1) if step.ndim == 0 else step  # [B|1, H|1]
+        st = plan.kv_run_starts.long()
+        valid = torch.arange(st.shape[-1], device=device) < plan.kv_run_counts[..., None]
+        step = torch.as_tensor(plan.kv_run_step, dtype=torch.int64, device=device)
+        step = step.reshape(1, 1) if step.ndim == 0 else step  # [B'|1, H'|1]
         # keys s + i * step with i >= S_KV lie past the end (step >= 1)
         steps = torch.arange(min(block_n, S_KV), device=device) * step[:, :, None, None, None]
-        keys = st[..., None] + steps  # [.., NQB, MAXR, block_n]
+        keys = st[..., None] + steps  # [.., NQB, R, block_n]
         keys = torch.where(valid[..., None] & (keys < S_KV), keys, S_KV).flatten(-2)
         runs = torch.zeros(*keys.shape[:-1], S_KV + 1, dtype=torch.bool, device=device)
         runs = runs.scatter_(-1, keys, True)[..., :S_KV].expand(B, H, nqb, S_KV)
         runs = runs.index_select(2, row_block)
         mask = mask | torch.gather(runs, 2, q_inv[..., None].expand(B, H, S_Q, S_KV))
-    if causal:
+    if plan.causal:
         mask = mask & causal_mask(S_Q, S_KV, device)
-    if full_kv_block_indices is not None:
-        mask = mask | to_original(elem(full_kv_block_indices, full_kv_block_counts))
+    if plan.full_kv_indices is not None:
+        mask = mask | to_original(elem(plan.full_kv_indices, plan.full_kv_num_blocks))
     return mask
 
 
@@ -162,59 +137,22 @@ def permuted_block_sparse_attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    plan: SparsePlan,
     *,
-    q_perm: torch.Tensor | None,
-    kv_perm: torch.Tensor | None,
-    kv_block_indices: torch.Tensor,
-    kv_block_counts: torch.Tensor,
-    full_kv_block_indices: torch.Tensor | None = None,
-    full_kv_block_counts: torch.Tensor | None = None,
-    block_m: int = 64,
-    block_n: int = 64,
-    causal: bool = True,
-    q_modality: torch.Tensor | None = None,
-    kv_modality: torch.Tensor | None = None,
-    kv_block_pairs: torch.Tensor | None = None,
-    kv_run_starts: torch.Tensor | None = None,
-    kv_run_counts: torch.Tensor | None = None,
-    kv_run_step: int | torch.Tensor = 1,
     scale: float | None = None,
     compute_dtype: torch.dtype | None = None,
     row_chunk: int = 2048,
 ) -> AttentionOutput:
-    """Permuted block-sparse attention by an explicit original-coordinate mask (no validation;
-    the public op validates). See :func:`permuted_mask` for the attended set. The bool mask is
-    built whole; scores are computed ``row_chunk`` original rows at a time.
+    """Attention of ``q`` over ``k``/``v`` restricted to ``plan.to_dense()`` (no validation;
+    the public op validates). The bool mask is built whole; scores are computed ``row_chunk``
+    original rows at a time.
 
     ``compute_dtype`` is the precision of the scores, softmax, lse and ``P @ V``, as in
     :func:`~sparse_kernels.attention.masked_attention_reference`: float32 by default (float64
     for float64 inputs), so that an fp16 score above 65504 stays finite."""
-    B, H, S_Q, D = q.shape
-    H_KV, S_KV = k.shape[1], k.shape[2]
+    S_Q, D = q.shape[2], q.shape[3]
     scale = D**-0.5 if scale is None else scale
-    mask = permuted_mask(
-        B=B,
-        H=H,
-        H_KV=H_KV,
-        S_Q=S_Q,
-        S_KV=S_KV,
-        q_perm=q_perm,
-        kv_perm=kv_perm,
-        kv_block_indices=kv_block_indices,
-        kv_block_counts=kv_block_counts,
-        full_kv_block_indices=full_kv_block_indices,
-        full_kv_block_counts=full_kv_block_counts,
-        block_m=block_m,
-        block_n=block_n,
-        causal=causal,
-        q_modality=q_modality,
-        kv_modality=kv_modality,
-        kv_block_pairs=kv_block_pairs,
-        kv_run_starts=kv_run_starts,
-        kv_run_counts=kv_run_counts,
-        kv_run_step=kv_run_step,
-        device=q.device,
-    )
+    mask = plan.to_dense(heads=q.shape[1])
     outs, lses = [], []
     for r0 in range(0, S_Q, row_chunk):
         r1 = min(S_Q, r0 + row_chunk)

@@ -12,6 +12,8 @@ gathers into 1M-token tensors do not overflow.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
@@ -20,6 +22,9 @@ from .._triton.config import FP32_CONFIG, block_d
 from .._triton.inner import _finish_rows
 from ..tuning import KernelSpec, LaunchConfig, choose_config
 from .reference import MAX_MODALITIES
+
+if TYPE_CHECKING:
+    from ..sparse_plan import SparsePlan
 
 # Bit (a * PAIR_STRIDE + b) of a pair mask allows query modality a with key modality b.
 PAIR_STRIDE = tl.constexpr(MAX_MODALITIES)
@@ -452,13 +457,6 @@ def _permuted_fwd_kernel(
     tl.store(lse_ptr + bh.to(tl.int64) * S_Q + rows, lse, mask=row_ok)
 
 
-def _as_3d(perm: torch.Tensor | None) -> torch.Tensor | None:
-    """``[S]`` / ``[heads, S]`` / ``[B, heads, S]`` as a 3-D view."""
-    if perm is None or perm.ndim == 3:
-        return perm
-    return perm.view(1, 1, -1) if perm.ndim == 1 else perm[None]
-
-
 def _strides3(t: torch.Tensor | None) -> tuple[int, int, int]:
     """Strides (b, h, s) of a ``[B|1, H|1, S]`` index; size-1 dims broadcast (stride 0)."""
     if t is None:
@@ -524,30 +522,17 @@ def _launch_permuted_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    plan: SparsePlan,
     *,
-    q_perm: torch.Tensor | None,
-    kv_perm: torch.Tensor | None,
-    kv_block_indices: torch.Tensor,
-    kv_block_counts: torch.Tensor,
-    full_kv_block_indices: torch.Tensor | None = None,
-    full_kv_block_counts: torch.Tensor | None = None,
-    block_m: int,
-    block_n: int,
-    causal: bool,
     scale: float,
-    q_modality: torch.Tensor | None = None,
-    kv_modality: torch.Tensor | None = None,
-    kv_block_pairs: torch.Tensor | None = None,
-    kv_run_starts: torch.Tensor | None = None,
-    kv_run_counts: torch.Tensor | None = None,
-    kv_run_step: int | torch.Tensor = 1,
     config: LaunchConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
-    the tuner run each candidate); its tiles must divide ``(block_m, block_n)``."""
+    the tuner run each candidate); its tiles must divide ``plan.block_size``."""
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
-    blocks = (block_m, block_n)
+    blocks = block_m, block_n = plan.block_size
+    causal = plan.causal
     if config is None:
         config = choose_config(
             SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S_KV,
@@ -559,23 +544,27 @@ def _launch_permuted_fwd(
             f"permuted_block_sparse_attention: launch config tiles must divide the block sizes "
             f"{blocks}, got {config}"
         )
-    q_perm, kv_perm = _as_3d(q_perm), _as_3d(kv_perm)
+    # The plan keeps permutations [B'|1, heads|1, S] and modality ids [B'|1, S].
+    q_perm, kv_perm = plan.q_perm, plan.kv_perm
+    kv_block_indices, kv_block_counts = plan.kv_indices, plan.kv_num_blocks
+    full_kv_block_indices, full_kv_block_counts = plan.full_kv_indices, plan.full_kv_num_blocks
+    q_modality, kv_modality, kv_block_pairs = plan.q_modality, plan.kv_modality, plan.kv_block_pairs
+    kv_run_starts, kv_run_counts, kv_run_step = (
+        plan.kv_run_starts, plan.kv_run_counts, plan.kv_run_step
+    )  # fmt: skip
     out = torch.empty((B, H, S_Q, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
     has_full = full_kv_block_indices is not None
     fidx = full_kv_block_indices if has_full else kv_block_indices
     fcnt = full_kv_block_counts if has_full else kv_block_counts
     # kv_perm head h' for query head h: h // GROUP (per KV head), h (per query head), any (shared).
-    if kv_perm is not None and kv_perm.ndim == 3 and kv_perm.shape[1] == H_KV and H_KV != H:
+    if kv_perm is not None and kv_perm.shape[1] == H_KV and H_KV != H:
         kvp_div = H // H_KV
     else:
         kvp_div = 1
     has_pairs = kv_block_pairs is not None
-    if has_pairs:
-        q_modality = q_modality.reshape(-1, S_Q)
-        kv_modality = kv_modality.reshape(-1, S_KV)
     kv_max, kv_set = _kv_block_summaries(
-        kv_perm, kv_modality if has_pairs else None, block_n, S_KV, causal=bool(causal)
+        kv_perm, kv_modality if has_pairs else None, block_n, S_KV, causal=causal
     )
     summary = kv_max if kv_max is not None else kv_set  # the two share one shape
     has_runs = kv_run_starts is not None
@@ -617,7 +606,7 @@ def _launch_permuted_fwd(
     flags = dict(
         D=D,
         BLOCK_D=block_d(D),
-        IS_CAUSAL=bool(causal),
+        IS_CAUSAL=causal,
         HAS_Q_PERM=q_perm is not None,
         HAS_KV_PERM=kv_perm is not None,
         HAS_FULL=has_full,

@@ -25,9 +25,9 @@ from .vertical_slash import (
 
 __all__ = [
     "AttentionOutput",
-    "SparsePlan",
     "GridIndex",
     "GridIndexer",
+    "SparsePlan",
     "VerticalSlashIndex",
     "a_shape_attention",
     "attention",

@@ -66,9 +66,10 @@ def grid_index(
             Both give the same permutations and lists for the same strides and phases.
 
     Returns:
-        :class:`GridIndex`. Triton: six launches (one more when the lists are wider than a
-        first guess) and one host read, of the lists' width. For many layers of one shape use a
-        :class:`GridIndexer`, which keeps that width and a CUDA graph of the launches.
+        :class:`GridIndex`. Triton: five launches (fold pass, merge, search, block index, and
+        the lists after one host read of their width). For many layers of one shape use a
+        :class:`GridIndexer`, which keeps that width (the lists are then launched before the
+        read) and a CUDA graph of the launches.
     """
     B, H, _, S, S_KV, D = check_qkv(q, k, k)
     if S_KV != S:

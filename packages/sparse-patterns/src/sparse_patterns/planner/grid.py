@@ -126,7 +126,7 @@ class GridHeads:
         return not any(c.pattern.use_hline for c in cfgs)
 
     def _plan_fused(self, ctx: LayerContext, cfgs, sp: tuple[int, ...], L: int, one: bool):
-        """:meth:`plan` by ``GridIndexer.start`` (six launches, or one graph replay, and one
+        """:meth:`plan` by ``GridIndexer.start`` (five launches, or one graph replay, and one
         host read, left to ``GroupPlan.lists``, which the layer calls once the rest of its plan
         is queued, so that the read waits only for the GPU). The same stride, phase,
         permutation, lists, runs and split as the unfused path (tests compare). ``one``: every

@@ -3,11 +3,11 @@
 One layer of the Qwen2.5-VL-7B attention shape (H=28, H_KV=4, D=128, bf16, random q/k/v) on an
 MM-NIAH-like layout (text 1024 / video 3072 repeated, 512 text tokens at the end: 25% text),
 every head the same pattern with ``QBoundary()`` or ``TwoDBoundary(cross_vertical=256)``:
-``AShape(168, 5390)`` and ``VerticalSlash(1000, 2048)``. Per (length, pattern): ``plan_layer`` with the block-level lists
-(``sparse_patterns.planner.boundary._BOUNDARY_BLOCK_LEVEL = True``) and, up to ``--element-max`` tokens, with the
-element path; wall time with a device sync, median of ``--repeat`` after one warm-up; whether
-the two plans' lists are equal; and the kernel (``BlockPlan.run``) and cuDNN dense causal for
-scale.
+``AShape(168, 5390)`` and ``VerticalSlash(1000, 2048)``. Per (length, pattern): the plan with
+the block-level lists (``MMInferencePlanner(boundary_lists="runs")``) and, up to
+``--element-max`` tokens, with the element path (``boundary_lists="reference"``); wall time with
+a device sync, median of ``--repeat`` after one warm-up; whether the two plans' lists are equal;
+and the kernel (``BlockPlan.run``) and cuDNN dense causal for scale.
 
     python packages/sparse-patterns/benchmarks/q_boundary_plan.py --lengths 32K,128K --out qb.json
 
@@ -26,11 +26,11 @@ from sparse_kernels.benchmarking import cuda_time_ms, cudnn_causal, env_info
 from sparse_patterns import (
     AShape,
     HeadConfig,
+    MMInferencePlanner,
     QBoundary,
     TokenLayout,
     TwoDBoundary,
     VerticalSlash,
-    plan_layer,
 )
 
 LENGTHS = {"32K": 32768, "128K": 131072, "512K": 524288}
@@ -61,16 +61,14 @@ def _wall_ms(fn, repeat: int) -> tuple[float, object]:
 
 
 def _pattern_row(name: str, q, k, v, lay, pname: str, pat, bname: str, dense_ms: float, a):
-    from sparse_patterns.planner import boundary
-
     S = q.shape[2]
     heads = [HeadConfig(pat, BOUNDARIES[bname])] * q.shape[1]
 
-    def plan():
-        return plan_layer(q, k, heads, lay, block=64)
+    def planner_of(boundary_lists: str):
+        planner = MMInferencePlanner(block=64, boundary_lists=boundary_lists)
+        return lambda: planner.plan(q, k, heads, lay)
 
-    boundary._BOUNDARY_BLOCK_LEVEL = True
-    block_ms, bp = _wall_ms(plan, a.repeat)
+    block_ms, bp = _wall_ms(planner_of("runs"), a.repeat)
     row = {
         "length": name, "S": S, "pattern": pname, "boundary": bname, "block_plan_ms": block_ms,
         "kernel_ms": cuda_time_ms(lambda: bp.run(q, k, v), warmup=1, rep=a.repeat),
@@ -78,11 +76,7 @@ def _pattern_row(name: str, q, k, v, lay, pname: str, pat, bname: str, dense_ms:
         "density": float(bp.kv_block_counts.sum()) / (q.shape[1] * (S // 64) ** 2 / 2),
     }  # fmt: skip
     if a.element_max >= S:
-        boundary._BOUNDARY_BLOCK_LEVEL = False
-        try:
-            row["element_plan_ms"], ep = _wall_ms(plan, max(1, a.repeat // 3))
-        finally:
-            boundary._BOUNDARY_BLOCK_LEVEL = True
+        row["element_plan_ms"], ep = _wall_ms(planner_of("reference"), max(1, a.repeat // 3))
         row["lists_equal"] = bool(
             torch.equal(ep.kv_block_counts, bp.kv_block_counts)
             and torch.equal(ep.kv_block_indices, bp.kv_block_indices)

@@ -234,3 +234,54 @@ def test_block_larger_than_the_sequence_runs_as_one_block():
     heads = [HeadConfig(AShape(sink=4, window=16, exact=False))] * 2
     got = mminference_attention(q, k, v, heads, block=2**40, impl="reference")
     assert got.out.shape == q.shape and torch.isfinite(got.out).all()
+
+
+@pytest.mark.parametrize(
+    "kw, exc, match",
+    [
+        pytest.param(dict(block=0), ValueError, r"block: expected an int >= 1, got 0", id="block"),
+        pytest.param(dict(block=True), ValueError, r"block: expected an int >= 1", id="block-bool"),
+        pytest.param(
+            dict(impl="cuda"), ValueError, r"impl: expected one of .*'reference'.*got 'cuda'",
+            id="impl",
+        ),
+        pytest.param(
+            dict(boundary_lists="element"), ValueError,
+            r"boundary_lists: expected one of \('runs', 'reference'\), got 'element'",
+            id="boundary-lists",
+        ),
+        pytest.param(
+            dict(boundary_chunk_elems=0), ValueError,
+            r"boundary_chunk_elems: expected an int >= 1, got 0", id="chunk",
+        ),
+    ],
+)  # fmt: skip
+def test_planner_settings_are_checked(kw, exc, match):
+    from sparse_patterns import MMInferencePlanner
+
+    with pytest.raises(exc, match=match):
+        MMInferencePlanner(**kw)
+
+
+def test_mminference_attention_refuses_an_unknown_impl_before_estimating():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"impl: expected one of .* got 'fast'"):
+        mminference_attention(q, k, v, _HEADS, impl="fast")
+
+
+def test_the_functions_take_block_and_impl_from_the_planner_they_are_given():
+    from sparse_patterns import MMInferencePlanner
+
+    q, k, v = _qkv()
+    planner = MMInferencePlanner(block=32)
+    with pytest.raises(
+        ValueError, match=r"block: expected None or the planner's block 32 .* got 64"
+    ):
+        plan_layer(q, k, _HEADS, block=64, planner=planner)
+    with pytest.raises(ValueError, match=r"impl: expected None or the planner's impl 'auto'"):
+        mminference_attention(q, k, v, _HEADS, impl="reference", planner=planner)
+    with pytest.raises(
+        TypeError, match=r"planner: expected a MMInferencePlanner or None, got dict"
+    ):
+        plan_layer(q, k, _HEADS, planner={"block": 32})
+    assert plan_layer(q, k, _HEADS, block=32, planner=planner).block == 32

@@ -286,8 +286,17 @@ def test_layer_triton_within_error_budget(dtype):
 def test_boundary_block_level_lists_equal_the_element_path(spans, blk, boundary, monkeypatch):
     """Q- and 2D-Boundary heads of dense, A-shape, TriShape and Vertical-Slash patterns build
     their block lists from row runs at block level; indices, counts and permutations equal the
-    element path's exactly."""
+    element path's exactly (``boundary_lists="reference"``); one run per range batch too."""
+    from sparse_patterns import MMInferencePlanner
     from sparse_patterns.planner import boundary as boundary_planner
+
+    element_calls = []
+    real = boundary_planner.lists_from_element_chunks
+    monkeypatch.setattr(
+        boundary_planner,
+        "lists_from_element_chunks",
+        lambda *a, **kw: element_calls.append(1) or real(*a, **kw),
+    )
 
     q, k, _, lay = planted_boundary_qkv(spans)
     H = q.shape[1]
@@ -303,15 +312,15 @@ def test_boundary_block_level_lists_equal_the_element_path(spans, blk, boundary,
     ]
     for i in range(0, len(pats), H):
         heads = [HeadConfig(p, boundary) for p in (pats[i : i + H] * H)[:H]]
+        element_calls.clear()
         block = plan_layer(q, k, heads, lay, block=blk)
-        monkeypatch.setattr(boundary_planner, "_BOUNDARY_BLOCK_LEVEL", False)
-        element = plan_layer(q, k, heads, lay, block=blk)
-        monkeypatch.setattr(boundary_planner, "_BOUNDARY_BLOCK_LEVEL", True)
+        assert element_calls == []
+        element = MMInferencePlanner(block=blk, boundary_lists="reference").plan(q, k, heads, lay)
+        assert element_calls  # the reference path ran
         assert torch.equal(block.kv_block_counts, element.kv_block_counts), heads
         assert torch.equal(block.kv_block_indices, element.kv_block_indices), heads
-        monkeypatch.setattr(boundary_planner, "_RANGE_CHUNK_ELEMS", 1)  # one run per batch
-        batched = plan_layer(q, k, heads, lay, block=blk)
-        monkeypatch.undo()
+        # one run per batch of ranges
+        batched = MMInferencePlanner(block=blk, boundary_chunk_elems=1).plan(q, k, heads, lay)
         assert torch.equal(batched.kv_block_indices, element.kv_block_indices), heads
         assert torch.equal(batched.kv_block_counts, element.kv_block_counts), heads
         assert torch.equal(block.q_perm, element.q_perm)
@@ -385,94 +394,6 @@ def test_prefill_only_and_layout_length():
         plan_layer(q, k, Dense())
     with pytest.raises(ValueError, match="expected 12 tokens"):
         plan_layer(k, k, Dense(), TokenLayout.text(11))
-
-
-@pytest.mark.parametrize(
-    "S, stride, phase, vline, slash, blk",
-    [
-        pytest.param(517, 12, 4, True, True, 16, id="S517-s12-p4-b16"),
-        pytest.param(1000, 40, 39, True, False, 32, id="S1000-s40-vline-only"),
-        pytest.param(777, 7, 0, False, True, 16, id="S777-s7-slash-only"),
-        pytest.param(300, 16, 3, False, False, 32, id="diag-only"),
-    ],
-)
-def test_grid_fast_lists_equal_the_block_mask_path(S, stride, phase, vline, slash, blk):
-    from sparse_kernels import grid_permutation
-    from sparse_kernels.permuted.perms import grid_line_offsets
-    from sparse_patterns.plan import grid_block_mask, grid_lists, lists_from_chunks
-
-    st = torch.tensor([stride, stride])
-    ph = torch.tensor([phase, (phase + 5) % stride])
-    perm, _ = grid_permutation(S, st, ph)
-    offs = grid_line_offsets(S, st, ph)
-    f = lambda x: torch.tensor([x, x])  # noqa: E731
-    nb = -(-S // blk)
-    i1, c1 = lists_from_chunks(
-        grid_block_mask(perm, offs, f(False), f(vline), f(slash), S, blk), 2, nb, nb, "cpu"
-    )
-    i2, c2 = grid_lists(perm, offs, f(vline), f(slash), S, blk)
-    assert torch.equal(c1, c2)
-    w = int(c1.max())
-    valid = torch.arange(i1.shape[-1]) < c1[..., None]
-    s1 = torch.sort(torch.where(valid, i1, 1 << 20), -1).values[..., :w]
-    valid2 = torch.arange(i2.shape[-1]) < c2[..., None]
-    s2 = torch.sort(torch.where(valid2, i2, 1 << 20), -1).values[..., :w]
-    assert torch.equal(s1, s2)
-    assert bool((i2[valid2.logical_not()] == 0).all())  # zeros past each count
-    # The planner's line table is as wide as its stride space (no read-back): same lists.
-    wide = grid_line_offsets(S, st, ph, max_stride=stride + 9)
-    i3, c3 = grid_lists(perm, wide, f(vline), f(slash), S, blk)
-    assert torch.equal(i3, i2) and torch.equal(c3, c2)
-    fn = grid_block_mask(perm, wide, f(False), f(vline), f(slash), S, blk)
-    assert torch.equal(lists_from_chunks(fn, 2, nb, nb, "cpu")[0], i1)
-    # The one-kernel path: the same tensors, entry for entry.
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    d = lambda x: x.to(dev)  # noqa: E731
-    i4, c4 = grid_lists(d(perm), d(offs), d(f(vline)), d(f(slash)), S, blk, impl="triton")
-    assert torch.equal(i4.cpu(), i2) and torch.equal(c4.cpu(), c2)
-
-
-def test_grid_lists_rows_wider_than_the_kernel_takes(monkeypatch):
-    """impl='triton' raises for candidate rows wider than the kernel's tile; 'auto' takes the
-    torch path for them (same lists)."""
-    from sparse_kernels import grid_permutation
-    from sparse_kernels.permuted import lists_triton
-    from sparse_kernels.permuted.perms import grid_line_offsets
-    from sparse_patterns.plan import grid_lists
-
-    S, blk = 300, 16
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    st, ph = torch.tensor([12], device=dev), torch.tensor([5], device=dev)
-    perm, _ = grid_permutation(S, st, ph)
-    offs = grid_line_offsets(S, st, ph)
-    t = torch.tensor([True], device=dev)
-    ref = grid_lists(perm, offs, t, t, S, blk, impl="reference")
-    monkeypatch.setattr(lists_triton, "GRID_LISTS_MAX_WIDTH", 4)
-    with pytest.raises(NotImplementedError, match="rows of up to 4 candidate blocks"):
-        grid_lists(perm, offs, t, t, S, blk, impl="triton")
-    got = grid_lists(perm, offs, t, t, S, blk, impl="auto")
-    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-
-
-@pytest.mark.parametrize(
-    "S,stride,blk",
-    [(517, 12, 16), (300, 16, 32), (64, 8, 8), (100, 7, 1), (90, 40, 8), (50, 70, 4), (33, 1, 8)],
-)
-def test_grid_block_runs_equal_kv_block_runs(S, stride, blk):
-    """The planner's run map from the line table equals the pass over the permutation, for
-    strides below, near and above S / 2 (empty lines), block 1 and stride 1 (identity)."""
-    from sparse_kernels import grid_permutation
-    from sparse_kernels.permuted import kv_block_runs
-    from sparse_kernels.permuted.perms import grid_line_offsets
-    from sparse_patterns.plan import grid_block_runs
-
-    st = torch.tensor([stride, stride, stride])
-    ph = torch.tensor([0, 3 % stride, (stride - 1)])
-    perm, _ = grid_permutation(S, st, ph)
-    for offs in (grid_line_offsets(S, st, ph), grid_line_offsets(S, st, ph, max_stride=stride + 5)):
-        got = grid_block_runs(perm, offs, S, blk)
-        assert got.dtype == torch.int32
-        assert torch.equal(got, kv_block_runs(perm, blk, st))
 
 
 def test_plan_run_map_equals_kv_block_runs():
@@ -865,3 +786,99 @@ def test_exact_a_shape_heads_reject_boundaries():
         plan_layer(q, k, hc, None, block=64)
     with pytest.raises(TypeError, match="AShape.exact: expected a bool"):
         AShape(exact=1)
+
+
+def _spy_estimation_kernels(monkeypatch) -> list:
+    """``(name, impl)`` of every call of sparse_kernels' line-score and line-fold ops."""
+    import sparse_kernels
+
+    calls = []
+    for name in ("line_scores", "line_folds"):
+        real = getattr(sparse_kernels, name)
+        monkeypatch.setattr(
+            sparse_kernels,
+            name,
+            lambda *a, _r=real, _n=name, **kw: calls.append((_n, kw.get("impl"))) or _r(*a, **kw),
+        )
+    return calls
+
+
+def test_planner_impl_selects_the_estimation_engine(monkeypatch):
+    """``impl="triton"`` estimates with the Triton line-score kernel even where ``"auto"`` picks
+    PyTorch (here: the CPU, under the interpreter); ``impl="reference"`` runs none of them; the
+    plans agree on every head whose estimate is a sort of exactly-tied sums only (the static
+    ones, and the permutations)."""
+    from sparse_patterns import MMInferencePlanner
+
+    lay, q, k, _ = _layer_inputs(seed=9, D=32)
+    calls = _spy_estimation_kernels(monkeypatch)
+    tri = MMInferencePlanner(block=32, impl="triton").plan(q, k, HEADS, lay)
+    assert calls and all(impl == "triton" for _, impl in calls), calls
+    n = len(calls)
+    calls.clear()
+    # the functions plan with the planner they are given
+    planner = MMInferencePlanner(block=32, impl="triton")
+    tri2 = plan_layer(q, k, HEADS, lay, planner=planner)
+    assert len(calls) == n and all(impl == "triton" for _, impl in calls), calls
+    assert torch.equal(tri2.kv_block_indices, tri.kv_block_indices)
+    calls.clear()
+    ref = MMInferencePlanner(block=32, impl="reference").plan(q, k, HEADS, lay)
+    assert calls == []
+    for h in (2, 3, 5):  # AShape, TriShape, SFStrided
+        assert torch.equal(tri.kv_block_counts[:, h], ref.kv_block_counts[:, h])
+    assert torch.equal(tri.q_perm[:, 6:], ref.q_perm[:, 6:])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_planner_reference_runs_no_triton_estimation_on_cuda(monkeypatch):
+    """On CUDA ``impl="reference"`` estimates in PyTorch (``"auto"`` there runs Triton)."""
+    from sparse_patterns import MMInferencePlanner
+
+    lay, q, k, v = _layer_inputs(seed=10, D=64)
+    q, k, v = (t.cuda() for t in (q, k, v))
+    lay = TokenLayout(lay.modality.cuda(), tokens_per_frame=lay.tokens_per_frame)
+    calls = _spy_estimation_kernels(monkeypatch)
+    MMInferencePlanner(block=32).attention(q, k, v, HEADS, lay)
+    assert calls  # "auto" on CUDA: the Triton line scores
+    calls.clear()
+    out = MMInferencePlanner(block=32, impl="reference").attention(q, k, v, HEADS, lay)
+    assert calls == [] and torch.isfinite(out.out).all()
+
+
+def test_a_held_planner_plans_like_the_function():
+    """One planner across calls (layers) gives each call the plan ``plan_layer`` gives."""
+    from sparse_patterns import MMInferencePlanner
+
+    planner = MMInferencePlanner(block=32)
+    for seed in (11, 12):
+        lay, q, k, _ = _layer_inputs(seed=seed, D=32)
+        a, b = planner.plan(q, k, HEADS, lay), plan_layer(q, k, HEADS, lay, block=32)
+        assert torch.equal(a.kv_block_indices, b.kv_block_indices)
+        assert torch.equal(a.kv_block_counts, b.kv_block_counts)
+        assert torch.equal(a.q_perm, b.q_perm) and torch.equal(a.kv_perm, b.kv_perm)
+
+
+@pytest.mark.parametrize("boundary", [QBoundary(), TwoDBoundary(cross_vertical=3)], ids=["q", "2d"])
+def test_boundary_heads_take_the_layouts_permutation(boundary, monkeypatch):
+    """Boundary heads order rows (and 2D keys) by the layout's own permutation to modality
+    order (``TokenLayoutLike.perm`` / ``inv_perm``, as ``modality_index.ModalityLayout``
+    carries them): the plan sorts nothing, and equals the plan of the ``TokenLayout``."""
+    from types import SimpleNamespace
+
+    q, k, _, lay = planted_boundary_qkv([(0, 40), (2, 150), (0, 30), (2, 70)])
+    heads = [HeadConfig(p, boundary) for p in (AShape(sink=4, window=24), Dense())]
+    heads = (heads * q.shape[1])[: q.shape[1]]
+    want = plan_layer(q, k, heads, lay, block=32)
+    like = SimpleNamespace(
+        modality=lay.modality, tokens_per_frame=lay.tokens_per_frame, perm=lay.perm,
+        inv_perm=lay.inv_perm,
+    )  # fmt: skip
+    sorts = []
+    real = torch.sort
+    monkeypatch.setattr(torch, "sort", lambda *a, **kw: sorts.append(1) or real(*a, **kw))
+    got = plan_layer(q, k, heads, like, block=32)
+    assert sorts == []
+    assert torch.equal(got.q_perm, want.q_perm)
+    assert torch.equal(got.kv_block_indices, want.kv_block_indices)
+    assert torch.equal(got.kv_block_counts, want.kv_block_counts)

@@ -6,6 +6,7 @@ from sparse_patterns import (
     AShape,
     Grid,
     HeadConfig,
+    MMInferencePlanner,
     PatternConfig,
     QBoundary,
     TokenLayout,
@@ -233,13 +234,13 @@ def test_measured_cost_is_estimation_plus_kernel(monkeypatch):
     assert info["budget"] == [pytest.approx(11.0 * 1.1)] * q.shape[1]
     # A candidate whose cached cost is over budget is neither planned nor timed again.
     planned = []
-    real_plan_layer = search_mod.plan_layer
+    real_plan = MMInferencePlanner.plan
 
-    def recording_plan_layer(q, k, heads, *args, **kwargs):
+    def recording_plan(self, q, k, heads, *args, **kwargs):
         planned.append(heads)
-        return real_plan_layer(q, k, heads, *args, **kwargs)
+        return real_plan(self, q, k, heads, *args, **kwargs)
 
-    monkeypatch.setattr(search_mod, "plan_layer", recording_plan_layer)
+    monkeypatch.setattr(MMInferencePlanner, "plan", recording_plan)
     table.put(search_mod._cost_key(CANDS[1], q, k, 32), 1e9)
     chosen, info = _search_cuda(q, k, v, lay, table)
     assert info["skipped_over_budget"] == 1
@@ -255,11 +256,11 @@ def test_an_estimation_over_budget_is_timed_once_and_its_kernel_never(monkeypatc
     from sparse_patterns import search as search_mod
 
     calls, last = [], {}
-    real_plan_layer = search_mod.plan_layer
+    real_plan = MMInferencePlanner.plan
 
-    def recording_plan_layer(q, k, heads, *args, **kwargs):
+    def recording_plan(self, q, k, heads, *args, **kwargs):
         last["heads"] = heads
-        return real_plan_layer(q, k, heads, *args, **kwargs)
+        return real_plan(self, q, k, heads, *args, **kwargs)
 
     def fake(fn, *, warmup, rep):
         r = fn()
@@ -267,7 +268,7 @@ def test_an_estimation_over_budget_is_timed_once_and_its_kernel_never(monkeypatc
         calls.append(("estimate" if isinstance(r, BlockPlan) else "kernel", slow))
         return 100.0 if slow else 1.0
 
-    monkeypatch.setattr(search_mod, "plan_layer", recording_plan_layer)
+    monkeypatch.setattr(MMInferencePlanner, "plan", recording_plan)
     monkeypatch.setattr(search_mod, "_time_ms", fake)
     q, k, v, lay = _mixed_layer_cuda()
     table = CostTable()

@@ -1,5 +1,6 @@
-"""plan_layer without host-device synchronisations: recorded on the CPU by
-:class:`~sparse_patterns.testing.SyncRecorder`, counted on CUDA by the sync debug mode.
+"""A layer's plan (``MMInferencePlanner.plan``) without host-device synchronisations: recorded
+on the CPU by :class:`~sparse_patterns.testing.SyncRecorder`, counted on CUDA by the sync debug
+mode.
 
 The only reads left are ``sparse_kernels.permuted.perms.host_ints``: the widths of block lists,
 sizes of outputs that depend on the data (a Grid layer without horizontal lines reads one: the
@@ -10,7 +11,14 @@ import warnings
 
 import pytest
 import torch
-from sparse_patterns import AShape, Grid, HeadConfig, TokenLayout, VerticalSlash, plan_layer
+from sparse_patterns import (
+    AShape,
+    Grid,
+    HeadConfig,
+    MMInferencePlanner,
+    TokenLayout,
+    VerticalSlash,
+)
 from sparse_patterns.testing import SyncRecorder
 
 GRID = Grid(use_hline=False, use_vline=True, use_slash=True)
@@ -60,8 +68,9 @@ def test_plan_layer_reads_back_only_list_widths(heads, tpf, n_reads):
     q, k = _qk(S)
     lay = TokenLayout(torch.full((S,), 2), tokens_per_frame=tpf) if tpf else None
     cfgs = [HeadConfig(h) for h in heads]
-    plan_layer(q, k, cfgs, lay, block=64)  # warm the caches (fold matrices)
-    unexpected, reads = _syncs(lambda: plan_layer(q, k, cfgs, lay, block=64))
+    planner = MMInferencePlanner(block=64)
+    planner.plan(q, k, cfgs, lay)  # warm the caches (fold matrices, the lists width)
+    unexpected, reads = _syncs(lambda: planner.plan(q, k, cfgs, lay))
     assert unexpected == []
     assert len(reads) == n_reads
 
@@ -122,8 +131,9 @@ def test_plan_layer_cuda_synchronisations(monkeypatch, heads, n_reads):
     q, k = _qk(S, device="cuda")
     lay = TokenLayout(torch.full((S,), 2, device="cuda"), tokens_per_frame=16)
     cfgs = [HeadConfig(h) for h in heads]
+    planner = MMInferencePlanner(block=64)  # held across calls, as a model holds it
     for _ in range(2):  # compiles, caches and the Grid graph's capture synchronise once
-        plan_layer(q, k, cfgs, lay, block=64)
+        planner.plan(q, k, cfgs, lay)
     torch.cuda.synchronize()
     waits = []
     real = torch.cuda.Event.synchronize
@@ -132,7 +142,7 @@ def test_plan_layer_cuda_synchronisations(monkeypatch, heads, n_reads):
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            plan_layer(q, k, cfgs, lay, block=64)
+            planner.plan(q, k, cfgs, lay)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     # (the first use of the debug mode also warns that it is a prototype: not a sync)

@@ -177,12 +177,15 @@ def apply_method(model, method: str, *, layout, pattern_config=None, start_layer
         return Applied(
             [apply_triangle_mix(lm, LayerPolicy.triangle_from(n, start, **shape))], layout
         )
-    from sparse_patterns import mminference_attention
+    from sparse_patterns import MMInferencePlanner, mminference_attention
+
+    # One planner for every layer: what it keeps per shape (the Grid heads' CUDA graphs) serves
+    # each layer after the first.
+    planner = MMInferencePlanner()
 
     def dynamic(q, k, v, *, layer_idx, scale):
-        return mminference_attention(
-            q, k, v, pattern_config.layers[layer_idx], layout, scale=scale
-        ).out
+        heads = pattern_config.layers[layer_idx]
+        return mminference_attention(q, k, v, heads, layout, scale=scale, planner=planner).out
 
     pol = LayerPolicy.triangle_from(n, start, shallow="dynamic", **shape)
     return Applied([apply_triangle_mix(lm, pol, dynamic=dynamic)], layout)

@@ -16,8 +16,8 @@ A step is any :class:`HostAttention`. The three here, and exactly what a row att
   keys (the start of the anchor) and the ``window`` keys ending at the diagonal. The dense
   "last rows" of TriangleMix are Spava's query block, which stays exact outside these steps.
 * :class:`MMInferenceHost`: every prefix key (the anchor and the passing blocks are the keys
-  Spava kept on purpose) and, over the segment's own keys, the plan of
-  ``sparse_patterns.plan_layer`` for the layer's per-head patterns, estimated on the segment's
+  Spava kept on purpose) and, over the segment's own keys, the plan of a
+  ``sparse_patterns.MMInferencePlanner`` for the layer's per-head patterns, estimated on the segment's
   rows with the global modality of its tokens (``token_layout[start : start + S]``). The two
   partials are merged by LSE, so the result is exact for that key set. A segment of at most
   ``block`` rows (one block of the plan, e.g. a short anchor) attends its own keys densely:
@@ -30,7 +30,8 @@ MMInference).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -128,12 +129,16 @@ class MMInferenceHost:
 
     ``heads``: one ``HeadConfig`` per query head (a ``PatternConfig`` layer).
     ``token_layout``: the global ``sparse_patterns.TokenLayout`` of the whole sequence (None: all
-    text). ``block``: the plan's block size.
+    text). ``block``: the plan's block size. ``planner``: the ``sparse_patterns.MMInferencePlanner``
+    that plans the segments, of block size ``block`` (None: one made for this host); a
+    :class:`HostSparsity` gives every layer's host its own one, so that what the planner keeps
+    per shape (the Grid heads' CUDA graphs) serves every layer.
     """
 
     heads: tuple
     token_layout: object = None
     block: int = 64
+    planner: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         sp = _require("sparse_patterns")
@@ -154,6 +159,18 @@ class MMInferenceHost:
             )
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
             raise ValueError(f"MMInferenceHost.block: expected an int >= 1, got {self.block!r}")
+        if self.planner is None:
+            object.__setattr__(self, "planner", sp.MMInferencePlanner(block=self.block))
+        elif not isinstance(self.planner, sp.MMInferencePlanner):
+            raise TypeError(
+                f"MMInferenceHost.planner: expected a MMInferencePlanner or None, got "
+                f"{type(self.planner).__name__}"
+            )
+        elif self.planner.block != self.block:
+            raise ValueError(
+                f"MMInferenceHost.planner: expected a planner of block {self.block}, got block "
+                f"{self.planner.block}"
+            )
 
     def segment_layout(self, start: int, length: int):
         """The ``TokenLayout`` of global rows ``[start, start + length)`` (None: all text)."""
@@ -171,11 +188,9 @@ class MMInferenceHost:
 
     def plan(self, q: torch.Tensor, k: torch.Tensor, *, start: int, scale: float):
         """The segment's ``BlockPlan`` (exact block lists, so ``row_mask`` can be read)."""
-        from sparse_patterns import plan_layer
-
         self._check_heads(q)
         lay = self.segment_layout(start, q.shape[2])
-        return plan_layer(q, k, self.heads, lay, block=self.block, scale=scale)
+        return self.planner.plan(q, k, self.heads, lay, scale=scale)
 
     def _check_heads(self, q: torch.Tensor) -> None:
         if len(self.heads) != q.shape[1]:
@@ -259,5 +274,12 @@ class HostSparsity:
         if kind in ("triangle", "streaming"):
             return TriangleHost(sink=self.policy.sink, window=self.policy.window)
         return MMInferenceHost(
-            self.patterns.layer(layer_idx), token_layout=token_layout, block=self.block
-        )
+            self.patterns.layer(layer_idx), token_layout=token_layout, block=self.block,
+            planner=self.planner,
+        )  # fmt: skip
+
+    @functools.cached_property
+    def planner(self):
+        """The ``sparse_patterns.MMInferencePlanner`` of every MMInference layer (made on first
+        use: a policy without them needs no sparse_patterns)."""
+        return _require("sparse_patterns").MMInferencePlanner(block=self.block)

@@ -4,7 +4,12 @@ from importlib import metadata as _metadata
 
 from .config import PatternConfig
 from .layout import TokenLayout
-from .mminference import estimate_vertical_slash, mminference_attention, plan_layer
+from .mminference import (
+    MMInferencePlanner,
+    estimate_vertical_slash,
+    mminference_attention,
+    plan_layer,
+)
 from .patterns import (
     AShape,
     BlockSparse,
@@ -21,6 +26,7 @@ from .patterns import (
     VerticalSlash,
 )
 from .plan import BlockPlan
+from .planner.grid import GridHeads
 from .search import CostTable, search_config, search_layer, table3_candidates
 
 __all__ = [
@@ -30,8 +36,10 @@ __all__ = [
     "CostTable",
     "Dense",
     "Grid",
+    "GridHeads",
     "HeadConfig",
     "KBoundary",
+    "MMInferencePlanner",
     "NoBoundary",
     "PatternConfig",
     "QBoundary",

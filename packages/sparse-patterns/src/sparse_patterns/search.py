@@ -11,13 +11,14 @@ calibration sample wins. Steps, as in Algorithm 4:
 3. inter-modality: per head, the argmin of the output error over all of the above.
 
 Cost model (``cost="auto"``): on CUDA, the measured time of the candidate's online estimation
-(``plan_layer`` for the layer) plus its kernel launch (``BlockPlan.run``), each the median of a
-few CUDA-event timings, cached in a JSON cost table keyed by candidate, shape, dtype and GPU;
-elsewhere the documented proxy = computed blocks of the plan (mean per head). The paper budgets
-kernel time; the estimation is counted too because a head pays for it on every prefill, and a
-pattern whose plan costs more than its kernel saves (the element-level boundary plans of static
-patterns grow as S^2) must not win on kernel time alone. The config's metadata says which cost
-model was used. The budget is the cost of ``budget_pattern`` (default: the paper's A-shape with 1K sink + 4K local at 25K tokens, scaled
+(``MMInferencePlanner.plan`` of the layer, one planner for every candidate) plus its kernel
+launch (``BlockPlan.run``), each the median of a few CUDA-event timings, cached in a JSON cost
+table keyed by candidate, shape, dtype and GPU; elsewhere the documented proxy = computed blocks
+of the plan (mean per head). The paper budgets kernel time; the estimation is counted too
+because a head pays for it on every prefill, and a pattern whose plan costs more than its kernel
+saves (the element-level boundary plans of static patterns grow as S^2) must not win on kernel
+time alone. The config's metadata says which cost model was used. The budget is the cost of
+``budget_pattern`` (default: the paper's A-shape with 1K sink + 4K local at 25K tokens, scaled
 to the calibration length).
 
 Memory: recall is computed over chunks of query rows (``metrics.recall_many``); no S x S matrix.
@@ -35,7 +36,7 @@ import torch
 from .config import PatternConfig
 from .layout import as_token_layout
 from .metrics import eval_rows, recall_many
-from .mminference import plan_layer
+from .mminference import MMInferencePlanner
 from .patterns import (
     AShape,
     Dense,
@@ -157,7 +158,7 @@ def _time_ms(fn, *, warmup: int, rep: int) -> float:
 
 
 def _measure(estimate: Callable[[], object], plan, q, k, v, limit: float | None = None) -> float:
-    """Estimation (``estimate()``, one layer's ``plan_layer``; the caller has built one plan
+    """Estimation (``estimate()``, one layer's plan; the caller has built one plan
     already, so the first call here is warm) plus the kernel launch of ``plan``. An estimation
     whose one warm call already exceeds ``limit`` ms is not timed further and the kernel not at
     all: the candidate is over budget either way (element-level boundary plans take seconds)."""
@@ -221,6 +222,8 @@ def search_layer(
     budget_pattern = budget_pattern or default_budget_pattern(S)
     table = cost_table or CostTable()
     rows = eval_rows(S, n_eval_rows, q.device)
+    # One planner for every candidate: the estimation is timed as a model that holds one runs it.
+    planner = MMInferencePlanner(block=block)
 
     def cost_of(hc: HeadConfig, plan, limit: float | None = None) -> torch.Tensor:
         if not measured:
@@ -228,7 +231,7 @@ def search_layer(
         key = _cost_key(hc, q, k, block)
         c = table.get(key)
         if c is None:
-            c = _measure(lambda: plan_layer(q, k, hc, lay, block=block), plan, q, k, v, limit)
+            c = _measure(lambda: planner.plan(q, k, hc, lay), plan, q, k, v, limit)
             table.put(key, c)
         return torch.full((H,), float(c), device=q.device)
 
@@ -252,7 +255,7 @@ def search_layer(
             else:
                 unscored = torch.full((B, H), -1.0, device=q.device, dtype=torch.float64)
                 out[i] = (hc, None, c, (unscored, unscored))
-        plans = [plan_layer(q, k, cands[i], lay, block=block) for i in todo]
+        plans = [planner.plan(q, k, cands[i], lay) for i in todo]
         masks = [p.row_mask for p in plans]
         rec = recall_many(q, k, v, masks, scale=scale, rows=rows) if masks else []
         for i, p, r in zip(todo, plans, rec):
@@ -260,7 +263,7 @@ def search_layer(
         return out
 
     budget_hc = HeadConfig(budget_pattern)
-    budget_plan = plan_layer(q, k, budget_hc, lay, block=block)
+    budget_plan = planner.plan(q, k, budget_hc, lay)
     budget = cost_of(budget_hc, budget_plan) * budget_slack  # [H]
     budget_max = float(budget.max())
 

@@ -1,35 +1,24 @@
-"""A layer's plan: its heads grouped by (pattern type, boundary kind, exact), each group planned
-by its planner at once, and the groups merged into one :class:`~sparse_patterns.plan.BlockPlan`
-over all heads (identity permutations for heads that need none)."""
+"""A layer's heads grouped by (pattern type, boundary kind, exact), and the groups' plans merged
+into one :class:`~sparse_patterns.plan.BlockPlan` over all heads (identity permutations for
+heads that need none)."""
 
 from __future__ import annotations
 
 import torch
 
 from .._device import heads_index
-from ..patterns import AShape, BlockSparse, Grid, KBoundary, NoBoundary, VerticalSlash
+from ..patterns import AShape, KBoundary, NoBoundary, VerticalSlash
 from ..plan import BlockPlan, best_block_runs
-from .boundary import plan_boundary
 from .context import LayerContext
-from .grid import _fused_grid_plan, _plan_grid
 from .group import GroupPlan
-from .static import STATIC_KINDS, plan_block_sparse, plan_static
-from .vertical_slash import plan_vertical_slash
 
 
-def plan_heads(ctx: LayerContext, cfgs: list, exact_vertical_lists: bool) -> BlockPlan:
-    """The plan of every head of the layer (``cfgs``: one config per head)."""
-    H = ctx.H
-    c0 = cfgs[0]
-    if (
-        isinstance(c0.pattern, Grid)
-        and isinstance(c0.boundary, (NoBoundary, KBoundary))
-        and all(c is c0 for c in cfgs)
-    ):  # one Grid config for every head: no grouping, and the fused planner's plan as it is
-        g = _plan_grid(ctx, list(range(H)), cfgs)
-        if g.lists is not None:
-            return _fused_grid_plan(ctx, g)
-        return assemble(ctx, [g], exact_vertical_lists)
+def group_heads(cfgs: list) -> list[tuple[tuple[type, str, bool], list[int]]]:
+    """The layer's heads grouped by ``(pattern type, boundary kind, exact)``, in planning order:
+    Vertical-Slash groups without a boundary first (the line scores they make are cached, and
+    a Grid group folds them instead of passing over the keys again). The boundary kind is
+    ``"none"`` (no boundary, or ``KBoundary``), ``"q"`` or ``"2d"``; ``exact``: the heads run
+    by an exact kernel (``VerticalSlash(exact_verticals=True)``, ``AShape(exact=True)``)."""
     groups: dict[tuple, list[int]] = {}
     for h, c in enumerate(cfgs):
         bkind = "none" if isinstance(c.boundary, (NoBoundary, KBoundary)) else c.boundary.kind
@@ -48,28 +37,9 @@ def plan_heads(ctx: LayerContext, cfgs: list, exact_vertical_lists: bool) -> Blo
                     f"KBoundary; got {type(c.boundary).__name__} (use exact=False there)"
                 )
         groups.setdefault((type(c.pattern), bkind, exact), []).append(h)
-    plans = []
-    # Vertical-Slash groups first: the line scores they make are cached, and a Grid group folds
-    # them instead of passing over the keys again.
-    order = sorted(
+    return sorted(
         groups.items(), key=lambda g: not (g[0][0] is VerticalSlash and g[0][1] == "none")
     )
-    for (ptype, bkind, exact), hs in order:
-        gc = [cfgs[h] for h in hs]
-        if bkind in ("q", "2d"):
-            g = plan_boundary(ctx, hs, gc, two_d=bkind == "2d")
-        elif ptype in STATIC_KINDS:
-            g = plan_static(ctx, hs, gc, STATIC_KINDS[ptype], exact, exact_vertical_lists)
-        elif ptype is VerticalSlash:
-            g = plan_vertical_slash(ctx, hs, gc, exact, exact_vertical_lists)
-        elif ptype is Grid:
-            g = _plan_grid(ctx, hs, gc)
-        elif ptype is BlockSparse:
-            g = plan_block_sparse(ctx, hs, gc)
-        else:  # pragma: no cover - HeadConfig validates the type
-            raise NotImplementedError(f"pattern {ptype.__name__}")
-        plans.append(g)
-    return assemble(ctx, plans, exact_vertical_lists)
 
 
 def assemble(ctx: LayerContext, plans: list[GroupPlan], exact_vertical_lists: bool) -> BlockPlan:

@@ -19,9 +19,6 @@ from .vertical_slash import vs_indices
 
 # Boundary heads of these kinds (and Vertical-Slash) build their block lists from row runs.
 _RUN_KINDS = ("dense", "a_shape", "tri_shape")
-_BOUNDARY_BLOCK_LEVEL = True  # False: every boundary head on the element path (tests compare)
-# Elements of one batch of run ranges ([N, runs, ranges per run], several int64 temporaries).
-_RANGE_CHUNK_ELEMS = 1 << 24
 
 
 def _scatter_true(mask: torch.Tensor, idx: torch.Tensor, ok: torch.Tensor) -> None:
@@ -59,7 +56,8 @@ class _Runs:
 
 
 def _boundary_block_mask(
-    kind, params, vert, sl, cross, ctx: LayerContext, N: int, two_d: bool, counts, start, inv
+    kind, params, vert, sl, cross, ctx: LayerContext, N: int, two_d: bool, counts, start, inv,
+    chunk_elems: int,
 ):  # fmt: skip
     """Chunk function of a boundary head's block mask, equal to the element path's for a static
     ``kind`` in ``_RUN_KINDS`` or Vertical-Slash (``kind None``; per-modality ``vert``
@@ -76,14 +74,15 @@ def _boundary_block_mask(
     rows, per slash offset ``o`` the keys ``[lo - o, hi - o]`` (clipped at 0), and each column
     (vertical or cross) at or before the run's last row in original positions. The ranges go
     into a difference array over key blocks. Cost per chunk: ``N * runs * ranges per run`` plus
-    the ``N * blocks * NKB`` mask; one host read (the run count)."""
+    the ``N * blocks * NKB`` mask; one host read (the run count). ``chunk_elems``: elements of
+    one batch of run ranges (``[N, runs, ranges per run]``, several int64 temporaries)."""
     S, blk, dev = ctx.S, ctx.block, ctx.q.device
     nkb = -(-S // blk)
     mi = ctx.mod_index
     width = (vert.shape[-1] + sl.shape[-1] if kind is None else 3) + (
         cross.shape[-1] if cross is not None else 0
     )
-    run_step = max(1, _RANGE_CHUNK_ELEMS // max(1, N * width))
+    run_step = max(1, chunk_elems // max(1, N * width))
 
     def ranges_of(r: _Runs, u: slice) -> list:
         """(first, last) key ranges of runs ``u``, in key order, ``[N or 1, U, P]``; a range with
@@ -142,8 +141,14 @@ def _boundary_block_mask(
     return fn
 
 
-def plan_boundary(ctx: LayerContext, hs, cfgs, two_d: bool) -> GroupPlan:
-    """Q-Boundary (``two_d=False``) or 2D-Boundary heads of one intra-modality pattern type."""
+def plan_boundary(
+    ctx: LayerContext, hs, cfgs, two_d: bool, *, reference: bool, chunk_elems: int
+) -> GroupPlan:
+    """Q-Boundary (``two_d=False``) or 2D-Boundary heads of one intra-modality pattern type.
+
+    ``reference``: every head's lists from the element path (the reference of the row runs);
+    else the row runs for the kinds they cover (static ``_RUN_KINDS`` and Vertical-Slash), in
+    batches of ``chunk_elems`` range elements."""
     dev, S, B = ctx.q.device, ctx.S, ctx.B
     pat = cfgs[0].pattern
     kind = STATIC_KINDS.get(type(pat))
@@ -162,8 +167,7 @@ def plan_boundary(ctx: LayerContext, hs, cfgs, two_d: bool) -> GroupPlan:
     # Rank of each token inside its modality (the coordinates of 2D diagonal pairs).
     counts = torch.bincount(mi, minlength=M)
     start = torch.cumsum(counts, 0) - counts
-    inv_m = torch.empty_like(ctx.mperm)
-    inv_m[ctx.mperm] = torch.arange(S, device=dev)
+    inv_m = ctx.inv_mperm
     rank = inv_m - start[mi]
     L = max(getattr(c.pattern, "last_q", 64) for c in cfgs)
     need_est = isinstance(pat, VerticalSlash) or two_d
@@ -241,10 +245,10 @@ def plan_boundary(ctx: LayerContext, hs, cfgs, two_d: bool) -> GroupPlan:
 
     q_perm = ctx.mperm.to(torch.int32)
     kv_perm = q_perm if two_d else None
-    if _BOUNDARY_BLOCK_LEVEL and (kind is None or kind in _RUN_KINDS):
+    if not reference and (kind is None or kind in _RUN_KINDS):
         nb = -(-S // ctx.block)
         fn = _boundary_block_mask(
-            kind, params, vert, sl, cross, ctx, N, two_d, counts, start, inv_m
+            kind, params, vert, sl, cross, ctx, N, two_d, counts, start, inv_m, chunk_elems
         )
         idx, cnt = lists_from_chunks(fn, N, nb, nb, dev)
     else:

@@ -80,10 +80,13 @@ def _modality_rows(mod: torch.Tensor, uniq: torch.Tensor, L: int) -> torch.Tenso
 
 
 class LayerContext:
-    """Per-layer shared tensors, computed lazily once for all heads that need them."""
+    """Per-layer shared tensors, computed lazily once for all heads that need them.
 
-    def __init__(self, q, k, layout, block, scale):
-        self.q, self.k, self.block, self.scale = q, k, block, scale
+    ``impl``: the engine of the estimation steps that have several (``"triton"``,
+    ``"reference"``, ``"auto"``: as :func:`~sparse_patterns.estimate.last_line_scores` picks)."""
+
+    def __init__(self, q, k, layout, block: int, scale: float, *, impl: str = "auto"):
+        self.q, self.k, self.block, self.scale, self.impl = q, k, block, scale, impl
         self.B, self.H, self.S, _ = q.shape
         self.layout = layout
         self._p_mod: dict[int, torch.Tensor] = {}
@@ -96,9 +99,15 @@ class LayerContext:
     def uniq(self) -> torch.Tensor:
         return torch.unique(self.mod)
 
-    @functools.cached_property
+    @property
     def mperm(self) -> torch.Tensor:
-        return torch.sort(self.mod, stable=True).indices  # modality order
+        """int64 ``[S]``: the layout's permutation to modality order (a stable sort by id)."""
+        return self.layout.perm
+
+    @property
+    def inv_mperm(self) -> torch.Tensor:
+        """int64 ``[S]``: the modality-order position of each token (:attr:`mperm`'s inverse)."""
+        return self.layout.inv_perm
 
     @functools.cached_property
     def mod_index(self) -> torch.Tensor:
@@ -112,7 +121,9 @@ class LayerContext:
         """Column and diagonal mass of the last ``L`` queries, ``[B, H, S]`` each (the Triton
         line-score kernel on CUDA: no ``[H, L, S]`` matrix)."""
         if L not in self._lines_last:
-            self._lines_last[L] = E.last_line_scores(self.q, self.k, L, scale=self.scale)
+            self._lines_last[L] = E.last_line_scores(
+                self.q, self.k, L, scale=self.scale, impl=self.impl
+            )
         return self._lines_last[L]
 
     def line_folds(self, L: int, period: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +136,7 @@ class LayerContext:
                 self._line_folds[key] = E.fold_grid_lines(*self._lines_last[L], period)
             else:
                 self._line_folds[key] = E.last_line_folds(
-                    self.q, self.k, L, period=period, scale=self.scale
+                    self.q, self.k, L, period=period, scale=self.scale, impl=self.impl
                 )
         return self._line_folds[key]
 

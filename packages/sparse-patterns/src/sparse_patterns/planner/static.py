@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
 from .. import estimate as E
@@ -13,21 +15,20 @@ from ..plan import ExactAShapeHeads, a_shape_lists, lists_from_chunks, static_bl
 from .context import LayerContext, per_head
 from .group import GroupPlan
 
-STATIC_KINDS = {
-    Dense: "dense",
-    AShape: "a_shape",
-    TriShape: "tri_shape",
-    SFFixed: "sf_fixed",
-    SFStrided: "sf_strided",
-}
+STATIC_KINDS = MappingProxyType(
+    {Dense: "dense", AShape: "a_shape", TriShape: "tri_shape", SFFixed: "sf_fixed",
+     SFStrided: "sf_strided"}
+)  # fmt: skip
 # The pattern fields each static kind reads, per head.
-STATIC_FIELDS = {
-    "dense": (),
-    "a_shape": ("sink", "window"),
-    "tri_shape": ("sink", "window", "last"),
-    "sf_fixed": ("local", "vline_stride"),
-    "sf_strided": ("local", "vline_stride"),
-}
+STATIC_FIELDS = MappingProxyType(
+    {
+        "dense": (),
+        "a_shape": ("sink", "window"),
+        "tri_shape": ("sink", "window", "last"),
+        "sf_fixed": ("local", "vline_stride"),
+        "sf_strided": ("local", "vline_stride"),
+    }
+)
 
 
 def plan_static(

@@ -24,7 +24,7 @@ import sparse_patterns.planner.static as static_planner
 import sparse_patterns.planner.vertical_slash as vs_planner
 import torch
 from sparse_patterns import AShape, Grid, HeadConfig, TokenLayout, VerticalSlash, plan_layer
-from sparse_patterns.plan import a_shape_lists, vertical_slash_lists
+from sparse_patterns.block_lists import a_shape_lists, vertical_slash_lists
 
 LENGTHS = {"128K": 131072, "256K": 262144, "512K": 524288, "1M": 1048576}
 BLK = 64

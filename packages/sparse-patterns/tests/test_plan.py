@@ -18,8 +18,8 @@ from sparse_patterns import (
     mminference_attention,
     plan_layer,
 )
+from sparse_patterns.block_lists import static_block_mask, vertical_slash_block_mask
 from sparse_patterns.metrics import recall_many
-from sparse_patterns.plan import static_block_mask, vertical_slash_block_mask
 from sparse_patterns.testing import planted_boundary_qkv
 
 ELEMENT = {
@@ -109,7 +109,7 @@ def test_vertical_slash_lists_equal_the_block_mask_path(S, blk, nv, ns):
     """The rank-merged lists equal, entry for entry (indices, counts, width, zero padding), the
     lists compacted from the NQB x NKB block mask: random columns and diagonals with -1 padding,
     repeats, column blocks that coincide with diagonal blocks, partial last blocks."""
-    from sparse_patterns.plan import lists_from_chunks, vertical_slash_lists
+    from sparse_patterns.block_lists import lists_from_chunks, vertical_slash_lists
 
     g = torch.Generator().manual_seed(S * 7 + blk + nv)
     N = 4
@@ -134,7 +134,7 @@ def test_vertical_slash_lists_equal_the_block_mask_path(S, blk, nv, ns):
      (1000, 32, [7, 33, 1000, 2], [5000, 34, 32, 1]), (64, 64, [1, 0, 8, 70], [1, 5, 64, 0])],
 )  # fmt: skip
 def test_a_shape_lists_equal_the_block_mask_path(S, blk, sinks, windows):
-    from sparse_patterns.plan import a_shape_lists, lists_from_chunks
+    from sparse_patterns.block_lists import a_shape_lists, lists_from_chunks
 
     params = {"sink": torch.tensor(sinks), "window": torch.tensor(windows)}
     nb = -(-S // blk)
@@ -147,7 +147,7 @@ def test_a_shape_lists_equal_the_block_mask_path(S, blk, sinks, windows):
 
 
 def test_list_paths_auto_choice_and_bad_path():
-    from sparse_patterns.plan import _use_lines, vertical_slash_lists
+    from sparse_patterns.block_lists import _use_lines, vertical_slash_lists
 
     assert _use_lines("auto", 2049, 16384) and not _use_lines("auto", 2049, 2048)
     assert _use_lines("lines", 10**6, 1) and not _use_lines("mask", 1, 10**6)
@@ -161,18 +161,19 @@ def test_list_paths_auto_choice_and_bad_path():
         )
 
 
-def test_line_block_lists_chunked_rows_equal_one_chunk(monkeypatch):
+def test_line_block_lists_chunked_rows_equal_one_chunk():
     """Several row chunks (a small element budget) give the same lists as one chunk."""
-    import sparse_patterns.plan as P
+    import sparse_patterns.block_lists as P
 
     g = torch.Generator().manual_seed(5)
     S, blk = 3000, 16
     vert = torch.randint(-1, S, (3, 50), generator=g)
     sl = torch.randint(-1, S, (3, 40), generator=g)
     one = P.vertical_slash_lists(vert, sl, S, blk, path="lines")
-    monkeypatch.setattr(P, "_LINE_CHUNK_ELEMS", 3 * 140 * 7)
-    many = P.vertical_slash_lists(vert, sl, S, blk, path="lines")
+    many = P.vertical_slash_lists(vert, sl, S, blk, path="lines", line_chunk_elems=3 * 140 * 7)
     assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
+    with pytest.raises(ValueError, match="line_chunk_elems: expected a positive count, got 0"):
+        P.vertical_slash_lists(vert, sl, S, blk, path="lines", line_chunk_elems=0)
 
 
 def test_grid_plan_covers_the_grid_pattern():

@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 
 from .._device import heads_index
+from ..block_lists import best_block_runs
 from ..patterns import AShape, KBoundary, NoBoundary, VerticalSlash
-from ..plan import BlockPlan, best_block_runs
+from ..plan import BlockPlan
 from .context import LayerContext
 from .group import GroupPlan
 

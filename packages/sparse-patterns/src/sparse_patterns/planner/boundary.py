@@ -10,8 +10,8 @@ import torch
 from sparse_kernels.permuted import grid_permutation
 
 from .. import estimate as E
+from ..block_lists import element_block_mask, lists_from_chunks, lists_from_element_chunks
 from ..patterns import Grid, VerticalSlash
-from ..plan import element_block_mask, lists_from_chunks, lists_from_element_chunks
 from .context import LayerContext, per_head, topk_per_head
 from .group import GroupPlan
 from .static import STATIC_FIELDS, STATIC_KINDS, static_element

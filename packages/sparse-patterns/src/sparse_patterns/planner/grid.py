@@ -23,7 +23,8 @@ from sparse_kernels.validation import TRITON_MAX_HEAD_DIM
 
 from .. import estimate as E
 from .._device import to_device
-from ..plan import BlockPlan, lists_from_chunks
+from ..block_lists import lists_from_chunks
+from ..plan import BlockPlan
 from .context import LayerContext
 from .group import GroupPlan
 

@@ -10,8 +10,9 @@ import torch
 
 from .. import estimate as E
 from .._device import heads_index, to_device
+from ..block_lists import a_shape_lists, lists_from_chunks, static_block_mask
 from ..patterns import AShape, Dense, SFFixed, SFStrided, TriShape
-from ..plan import ExactAShapeHeads, a_shape_lists, lists_from_chunks, static_block_mask
+from ..plan import ExactAShapeHeads
 from .context import LayerContext, per_head
 from .group import GroupPlan
 

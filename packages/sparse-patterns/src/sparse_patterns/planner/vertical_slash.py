@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from .. import estimate as E
-from ..plan import ExactVerticalHeads, vertical_slash_lists
+from ..block_lists import vertical_slash_lists
+from ..plan import ExactVerticalHeads
 from .context import LayerContext, per_head, topk_per_head
 from .group import GroupPlan
 

@@ -75,8 +75,14 @@ def _dense(query, key, value, scaling):
 def make_attention_function(
     config: PatternConfig, *, block: int = 64, min_sparse_len: int = 256, impl: str = "auto"
 ):
-    """The ``AttentionInterface`` function applying ``config``; returns ``(out [B,S,H,D], None)``."""
-    from ..mminference import mminference_attention
+    """The ``AttentionInterface`` function applying ``config``; returns ``(out [B,S,H,D], None)``.
+
+    The function holds one :class:`~sparse_patterns.MMInferencePlanner` for every layer and call
+    of the model: what it keeps per shape (the Grid heads' CUDA graphs) serves each layer after
+    the first."""
+    from ..mminference import MMInferencePlanner, mminference_attention
+
+    planner = MMInferencePlanner(block=block, impl=impl)
 
     def attention_fn(
         module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
@@ -99,15 +105,9 @@ def make_attention_function(
             out = _dense(query, key, value, scaling)
         else:
             layout = kwargs.get("modality_layout") or _LAYOUT.get()
+            heads = config.layer(int(layer))
             out = mminference_attention(
-                query,
-                key,
-                value,
-                config.layer(int(layer)),
-                layout,
-                block=block,
-                scale=scaling,
-                impl=impl,
+                query, key, value, heads, layout, scale=scaling, planner=planner
             ).out
         return out.transpose(1, 2).contiguous(), None
 

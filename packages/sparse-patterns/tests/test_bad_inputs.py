@@ -263,10 +263,18 @@ def test_planner_settings_are_checked(kw, exc, match):
         MMInferencePlanner(**kw)
 
 
-def test_mminference_attention_refuses_an_unknown_impl_before_estimating():
+def test_mminference_attention_refuses_an_unknown_impl_before_estimating(monkeypatch):
+    from sparse_patterns import estimate
+
+    estimated = []
+    real = estimate.last_line_scores
+    monkeypatch.setattr(
+        estimate, "last_line_scores", lambda *a, **kw: estimated.append(1) or real(*a, **kw)
+    )
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"impl: expected one of .* got 'fast'"):
         mminference_attention(q, k, v, _HEADS, impl="fast")
+    assert estimated == []
 
 
 def test_the_functions_take_block_and_impl_from_the_planner_they_are_given():

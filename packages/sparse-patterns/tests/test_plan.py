@@ -540,9 +540,9 @@ def test_one_kernel_launch_per_layer(monkeypatch):
     calls = []
     real = sparse_kernels.permuted_block_sparse_attention
 
-    def counting(*a, **kw):
-        calls.append(kw["kv_block_indices"].shape)
-        return real(*a, **kw)
+    def counting(q, k, v, plan, **kw):
+        calls.append(plan.kv_indices.shape)
+        return real(q, k, v, plan, **kw)
 
     monkeypatch.setattr(sparse_kernels, "permuted_block_sparse_attention", counting)
     S = 335

@@ -261,7 +261,7 @@ def _time_attention_core(model, timer: _Timer):
 
 
 def _apply(model, method: str, dims: dict, layout, timer: _Timer):
-    from sparse_patterns import plan_layer
+    from sparse_patterns import MMInferencePlanner
     from triangle_mix import LayerPolicy
     from triangle_mix.integrations.hf import apply_triangle_mix
 
@@ -278,10 +278,12 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
         **{k: dims[k] for k in ("sink", "window", "n_vertical", "n_slash")},
     )
 
+    planner = MMInferencePlanner()  # one for every layer: its per-shape state serves them all
+
     def dynamic(q, k, v, *, layer_idx, scale):
         heads = mix if config is None else config.layer(layer_idx)
         tok = timer.start("estimation")
-        plan = plan_layer(q, k, heads, layout, scale=scale, exact_vertical_lists=False)
+        plan = planner.plan(q, k, heads, layout, scale=scale, exact_vertical_lists=False)
         timer.stop(tok)
         return plan.run(q, k, v, scale=scale).out
 

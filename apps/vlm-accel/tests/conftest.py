@@ -6,8 +6,8 @@ import pytest
 import torch
 
 
-def _logits(model, inputs, applied=None):
-    with torch.no_grad(), applied.context() if applied else torch.no_grad():
+def _logits(model, inputs):
+    with torch.no_grad():
         return model(**inputs, use_cache=False).logits
 
 
@@ -32,7 +32,7 @@ def assert_dense_methods_exact():
         ]:
             applied = engine.apply_method(model, method, layout=layout, **kw)
             try:
-                got = _logits(model, inputs, applied)
+                got = _logits(model, inputs)
             finally:
                 applied.remove()
             assert torch.equal(got, ref), method
@@ -43,8 +43,8 @@ def assert_dense_methods_exact():
 
 class MethodCalls:
     """Query lengths of every call of a method's attention function, by method (and of
-    ``sparse_patterns.plan_layer``, with the head configs it planned), and the check that a
-    method ran where it changes the attention."""
+    ``sparse_patterns.MMInferencePlanner.plan``, with the head configs it planned), and the check
+    that a method ran where it changes the attention."""
 
     # Shortest prompt where each method differs from dense: mminference (the patterns'
     # attention function) runs dense SDPA below 256 tokens; a triangle layer with the CLI's
@@ -52,8 +52,8 @@ class MethodCalls:
     APPLIES_FROM = {"mminference": 256, "triangle": 512 + 128 + 1}
 
     def __init__(self):
-        self.lengths = {"mminference": [], "triangle": [], "plan_layer": []}
-        self.planned_heads = []  # the heads argument of each plan_layer call
+        self.lengths = {"mminference": [], "triangle": [], "plan": []}
+        self.planned_heads = []  # the heads argument of each plan call
 
     def reset(self) -> None:
         for lengths in self.lengths.values():
@@ -72,8 +72,8 @@ class MethodCalls:
 @pytest.fixture
 def method_calls(monkeypatch):
     """A :class:`MethodCalls` counting ``mminference_attention``, TriangleMix's
-    ``triangle_attention`` and ``sparse_patterns.plan_layer`` (looked up by the benchmarks when
-    they apply a method) as the CLI reaches them. Install it before the method is applied (the
+    ``triangle_attention`` and ``MMInferencePlanner.plan`` (every planned layer, whichever entry
+    planned it) as the CLI reaches them. Install it before the method is applied (the
     patterns' attention function binds ``mminference_attention`` when it is made)."""
     import sparse_patterns
     import sparse_patterns.mminference as mm
@@ -81,7 +81,7 @@ def method_calls(monkeypatch):
 
     calls = MethodCalls()
     real_mm, real_tri = mm.mminference_attention, tm_hf.triangle_attention
-    real_plan = sparse_patterns.plan_layer
+    real_plan = sparse_patterns.MMInferencePlanner.plan
 
     def mm_spy(q, *args, **kwargs):
         calls.lengths["mminference"].append(q.shape[2])
@@ -91,12 +91,12 @@ def method_calls(monkeypatch):
         calls.lengths["triangle"].append(q.shape[2])
         return real_tri(q, *args, **kwargs)
 
-    def plan_spy(q, k, heads, *args, **kwargs):
-        calls.lengths["plan_layer"].append(q.shape[2])
-        calls.planned_heads.append(tuple(heads))
-        return real_plan(q, k, heads, *args, **kwargs)
+    def plan_spy(self, q, k, heads, *args, **kwargs):
+        calls.lengths["plan"].append(q.shape[2])
+        calls.planned_heads.append(tuple(heads) if isinstance(heads, (list, tuple)) else (heads,))
+        return real_plan(self, q, k, heads, *args, **kwargs)
 
-    monkeypatch.setattr(sparse_patterns, "plan_layer", plan_spy)
+    monkeypatch.setattr(sparse_patterns.MMInferencePlanner, "plan", plan_spy)
     monkeypatch.setattr(mm, "mminference_attention", mm_spy)
     monkeypatch.setattr(sparse_patterns, "mminference_attention", mm_spy)
     monkeypatch.setattr(tm_hf, "triangle_attention", tri_spy)

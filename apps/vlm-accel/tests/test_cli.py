@@ -42,7 +42,7 @@ def test_run_dense_and_trianglemix(capsys, method_calls):
     label, ids = answer.split(": ")
     assert label == "answer (token ids; the tiny random model has no tokenizer)"
     assert len(ids.split()) == 3 and all(i.isdigit() for i in ids.split())
-    assert method_calls.lengths == {"mminference": [], "triangle": [], "plan_layer": []}
+    assert method_calls.lengths == {"mminference": [], "triangle": [], "plan": []}
     argv = ["run", *LONG, "--method", "trianglemix", "--start-layer", "2", "--max-new-tokens", "2"]
     assert main([*argv, "--fused"]) == EXIT_OK
     # layers 2 and 3, in the timed prefill and in generate's prefill
@@ -196,8 +196,8 @@ def test_frames_below_one_is_a_usage_error():
     assert e.value.code == 2
 
 
-def _logits(model, inputs, applied=None):
-    with torch.no_grad(), applied.context() if applied else torch.no_grad():
+def _logits(model, inputs):
+    with torch.no_grad():
         return model(**inputs, use_cache=False).logits
 
 
@@ -340,8 +340,8 @@ def _assert_smoke_paths_sparse(mod, method_calls, methods):
     timed = [m for m in methods if "trianglemix" not in m]
     # dynamic layers: all of them for mminference, those below start for the mix (timed run)
     planned = sum(n if m in timed else start for m in methods)
-    method_calls.assert_ran("plan_layer", calls=planned, applies_from=256)
-    assert S in method_calls.lengths["plan_layer"]
+    method_calls.assert_ran("plan", calls=planned, applies_from=256)
+    assert S in method_calls.lengths["plan"]
     specs = [h.pattern for heads in method_calls.planned_heads for h in heads]
     a_shapes = [p for p in specs if isinstance(p, AShape)]
     vs = [p for p in specs if isinstance(p, VerticalSlash)]

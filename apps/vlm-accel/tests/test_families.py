@@ -59,8 +59,8 @@ def _load(d, frames=4, max_pixels=12544):
     return model, tok, inputs, layout
 
 
-def _logits(model, inputs, applied=None):
-    with torch.no_grad(), applied.context() if applied else torch.no_grad():
+def _logits(model, inputs):
+    with torch.no_grad():
         return model(**inputs, use_cache=False).logits
 
 
@@ -130,7 +130,7 @@ def test_triangle_layers_really_run(mt, checkpoints):
         model, "trianglemix", layout=layout, start_layer=0, sink=2, window=4, last=2
     )
     try:
-        got = _logits(model, inputs, applied)
+        got = _logits(model, inputs)
     finally:
         applied.remove()
     assert (got - ref).abs().max() > 1e-3
@@ -169,7 +169,7 @@ def test_layout_reaches_every_layer(mt, checkpoints, monkeypatch):
     cfg = PatternConfig(mt, n, H, ((HeadConfig(Dense()),) * H,) * n, {})
     applied = engine.apply_method(model, "mminference", layout=layout, pattern_config=cfg)
     try:
-        _logits(model, inputs, applied)
+        _logits(model, inputs)
     finally:
         applied.remove()
     assert len(seen) == n

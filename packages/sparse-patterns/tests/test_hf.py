@@ -14,7 +14,6 @@ from sparse_patterns import (  # noqa: E402
 from sparse_patterns.integrations.hf import (  # noqa: E402
     apply_pattern_config,
     capture_qkv,
-    use_layout,
 )
 
 
@@ -55,7 +54,7 @@ def test_dense_config_matches_unpatched_model_and_handle_restores():
     torch.testing.assert_close(again, ref, rtol=0, atol=0)
 
 
-def test_sparse_config_changes_output_and_reads_layout_from_context():
+def test_sparse_config_changes_output_and_reads_layout_from_the_forward_kwarg():
     model = _tiny_llama()
     ids = _ids(300)
     heads = (HeadConfig(AShape(sink=4, window=32)),) * 4
@@ -63,12 +62,11 @@ def test_sparse_config_changes_output_and_reads_layout_from_context():
     with torch.no_grad():
         ref = model(input_ids=ids).logits
     with apply_pattern_config(model, cfg, block=32, min_sparse_len=64):
-        with use_layout(TokenLayout.text(300)), torch.no_grad():
-            out = model(input_ids=ids).logits
+        with torch.no_grad():
+            out = model(input_ids=ids, modality_layout=TokenLayout.text(300)).logits
         # a wrong-length layout reaches the attention function and is rejected
-        with use_layout(TokenLayout.text(299)), pytest.raises(ValueError, match="expected 300"):
-            with torch.no_grad():
-                model(input_ids=ids)
+        with pytest.raises(ValueError, match="expected 300"), torch.no_grad():
+            model(input_ids=ids, modality_layout=TokenLayout.text(299))
     assert not torch.allclose(out, ref, atol=1e-3)
     # the last row of the first layer with A-shape still sees its window: logits finite
     assert torch.isfinite(out).all()

@@ -43,12 +43,13 @@ def cmd_run(args) -> int:
         _first_prefill(args, args.method, layout.seq_len)
         with compiles:
             logits, ttft, peak = engine.prefill(
-                model, inputs, applied, chunk=args.mlp_chunk, fused=args.fused
+                model, inputs, chunk=args.mlp_chunk, fused=args.fused
             )
         fuse = engine.fused_parts(model) if args.fused else contextlib.nullcontext()
-        with torch.no_grad(), applied.context(), fuse:
+        with torch.no_grad(), fuse:
             dev = next(model.parameters()).device
-            gen = model.generate(**_on_device(inputs, dev), max_new_tokens=args.max_new_tokens,
+            gen = model.generate(**_on_device(inputs, dev),
+                                 max_new_tokens=args.max_new_tokens,
                                  do_sample=False,
                                  streamer=progress.GenerationBar(args.max_new_tokens, no_progress=args.no_progress))  # fmt: skip
     finally:
@@ -68,7 +69,7 @@ def cmd_run(args) -> int:
 
 def cmd_search(args) -> int:
     from sparse_patterns import search_config
-    from sparse_patterns.integrations.hf import capture_qkv, use_layout
+    from sparse_patterns.integrations.hf import capture_qkv
 
     from . import engine
 
@@ -82,10 +83,9 @@ def cmd_search(args) -> int:
                             no_progress=args.no_progress)  # fmt: skip
 
     _first_prefill(args, "the pattern search", layout.seq_len)
-    with use_layout(layout):
-        cfg = search_config(layers_with_bar, inputs, layout, model_id=args.model_id or str(args.model),
-                            num_layers=n_layers, num_heads=lm.config.num_attention_heads,
-                            exact_a_shape=not args.block_rounded_a_shape)  # fmt: skip
+    cfg = search_config(layers_with_bar, inputs, layout, model_id=args.model_id or str(args.model),
+                        num_layers=n_layers, num_heads=lm.config.num_attention_heads,
+                        exact_a_shape=not args.block_rounded_a_shape)  # fmt: skip
     _write({Path(args.out): cfg.to_json()})
     print(f"wrote {args.out}: {cfg.num_layers} layers x {cfg.num_heads} heads")
     return EXIT_OK
@@ -108,14 +108,12 @@ def cmd_bench(args) -> int:
         )
         try:
             pbar.set_postfix_str(method)
-            engine.prefill(
-                model, inputs, applied, chunk=args.mlp_chunk, fused=args.fused
-            )  # warm-up
+            engine.prefill(model, inputs, chunk=args.mlp_chunk, fused=args.fused)  # warm-up
             pbar.update(1)
             times = []
             for _ in range(args.repeat):
                 logits, t, peak = engine.prefill(
-                    model, inputs, applied, chunk=args.mlp_chunk, fused=args.fused
+                    model, inputs, chunk=args.mlp_chunk, fused=args.fused
                 )
                 times.append(t)
                 pbar.update(1)
@@ -305,8 +303,8 @@ def cmd_demo(args) -> int:
     applied = engine.apply_method(model, "trianglemix", layout=layout, start_layer=n // 2, **shape)
     try:
         _first_prefill(args, "trianglemix", layout.seq_len)
-        engine.prefill(model, inputs, applied)
-        acc, t_acc, _ = engine.prefill(model, inputs, applied)
+        engine.prefill(model, inputs)
+        acc, t_acc, _ = engine.prefill(model, inputs)
     finally:
         applied.remove()
     diff = float((acc - dense).abs().max())

@@ -118,15 +118,6 @@ def video_inputs(model, processor, video: str | Path, prompt: str, *, frames: in
 @dataclass
 class Applied:
     handles: list
-    layout: object = None
-
-    def context(self):
-        """A fresh context carrying the modality layout; wrap each forward in it."""
-        if self.layout is None:
-            return contextlib.nullcontext()
-        from sparse_patterns.integrations.hf import use_layout
-
-        return use_layout(self.layout)
 
     def remove(self) -> None:
         for h in reversed(self.handles):
@@ -149,7 +140,7 @@ def check_config(model, pattern_config) -> None:
 def apply_method(model, method: str, *, layout, pattern_config=None, start_layer: int | None = None,
                  sink: int = 8, window: int = 512, last: int = 128) -> Applied:  # fmt: skip
     """Switch the language model's attention to ``method``; ``Applied.remove()`` undoes it and
-    ``Applied.context()`` must wrap each forward (it carries the modality layout)."""
+    the attention functions hold ``layout``, the modality layout of the prompt."""
     if method not in METHODS:
         raise CliError(f"--method: expected one of {', '.join(METHODS)}, got {method!r}")
     lm = language_model(model)
@@ -165,7 +156,7 @@ def apply_method(model, method: str, *, layout, pattern_config=None, start_layer
     if method == "mminference":
         from sparse_patterns.integrations.hf import apply_pattern_config
 
-        return Applied([apply_pattern_config(lm, pattern_config)], layout)
+        return Applied([apply_pattern_config(lm, pattern_config, layout=layout)])
     from triangle_mix import LayerPolicy
     from triangle_mix.integrations.hf import apply_triangle_mix
 
@@ -174,9 +165,7 @@ def apply_method(model, method: str, *, layout, pattern_config=None, start_layer
         raise CliError(f"--start-layer: expected 0..{n} (the model has {n} layers), got {start}")
     shape = dict(sink=sink, window=window, last=last)
     if method == "trianglemix":
-        return Applied(
-            [apply_triangle_mix(lm, LayerPolicy.triangle_from(n, start, **shape))], layout
-        )
+        return Applied([apply_triangle_mix(lm, LayerPolicy.triangle_from(n, start, **shape))])
     from sparse_patterns import MMInferencePlanner, mminference_attention
 
     # One planner for every layer: what it keeps per shape (the Grid heads' CUDA graphs) serves
@@ -188,7 +177,7 @@ def apply_method(model, method: str, *, layout, pattern_config=None, start_layer
         return mminference_attention(q, k, v, heads, layout, scale=scale, planner=planner).out
 
     pol = LayerPolicy.triangle_from(n, start, shallow="dynamic", **shape)
-    return Applied([apply_triangle_mix(lm, pol, dynamic=dynamic)], layout)
+    return Applied([apply_triangle_mix(lm, pol, dynamic=dynamic)])
 
 
 _PER_TOKEN = ("mlp", "input_layernorm", "post_attention_layernorm")
@@ -252,7 +241,7 @@ def _sync(device) -> None:
 
 
 def prefill(
-    model, inputs: dict, applied: Applied | None = None, *, chunk: int | None = None,
+    model, inputs: dict, *, chunk: int | None = None,
     fused: bool = False,
 ):  # fmt: skip
     """One prefill returning ``(last_logits [B, V], seconds, peak_gib or None)``; logits only
@@ -262,14 +251,13 @@ def prefill(
     inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    ctx = applied.context() if applied is not None else contextlib.nullcontext()
     mlp = chunked_mlp(model, chunk) if chunk else contextlib.nullcontext()
     fuse = fused_parts(model) if fused else contextlib.nullcontext()
     S = inputs["input_ids"].shape[1]
     try:
         _sync(dev)
         t0 = time.perf_counter()
-        with torch.no_grad(), ctx, fuse, mlp:  # chunks run the fused forwards
+        with torch.no_grad(), fuse, mlp:  # chunks run the fused forwards
             logits = model(**inputs, use_cache=False, logits_to_keep=1).logits[:, -1]
         _sync(dev)
         dt = time.perf_counter() - t0

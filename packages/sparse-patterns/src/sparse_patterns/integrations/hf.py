@@ -6,8 +6,10 @@
   ``remove()`` restores the previous attention implementation.
 * The attention function reads ``module.layer_idx``, takes the layer's heads from the
   :class:`~sparse_patterns.config.PatternConfig` and the token layout from, in order: the
-  ``modality_layout`` kwarg of the forward call (HF forwards extra kwargs to attention
-  functions), else the innermost :func:`use_layout` context, else "all text".
+  ``modality_layout`` keyword argument of the forward call (``model(**inputs,
+  modality_layout=layout)``: HF hands extra forward kwargs down to attention functions; some
+  models' ``generate`` refuses them), else the ``layout`` given to :func:`apply_pattern_config`,
+  else "all text".
 * :func:`capture_qkv` runs a model once and returns the post-RoPE q/k/v of chosen layers (what
   the offline search needs).
 
@@ -20,9 +22,7 @@ raises ``NotImplementedError``.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from sparse_kernels.integrations.hf import AttentionSwap, swap_attention
@@ -31,20 +31,6 @@ from ..config import PatternConfig
 
 ATTN_NAME = "sparse_patterns_mminference"
 CAPTURE_NAME = "sparse_patterns_capture"
-
-_LAYOUT: contextvars.ContextVar[object | None] = contextvars.ContextVar(
-    "sparse_patterns_layout", default=None
-)
-
-
-@contextlib.contextmanager
-def use_layout(layout) -> Iterator[None]:
-    """Make ``layout`` (TokenLayout or ModalityLayout) visible to the attention function."""
-    tok = _LAYOUT.set(layout)
-    try:
-        yield
-    finally:
-        _LAYOUT.reset(tok)
 
 
 def _transformers():
@@ -73,9 +59,15 @@ def _dense(query, key, value, scaling):
 
 
 def make_attention_function(
-    config: PatternConfig, *, block: int = 64, min_sparse_len: int = 256, impl: str = "auto"
+    config: PatternConfig,
+    *,
+    layout=None,
+    block: int = 64,
+    min_sparse_len: int = 256,
+    impl: str = "auto",
 ):
     """The ``AttentionInterface`` function applying ``config``; returns ``(out [B,S,H,D], None)``.
+    ``layout``: used by calls without a ``modality_layout`` kwarg (None: all text).
 
     The function holds one :class:`~sparse_patterns.MMInferencePlanner` for every layer and call
     of the model: what it keeps per shape (the Grid heads' CUDA graphs) serves each layer after
@@ -104,10 +96,16 @@ def make_attention_function(
         if S_Q != S_KV or min_sparse_len > S_Q:
             out = _dense(query, key, value, scaling)
         else:
-            layout = kwargs.get("modality_layout") or _LAYOUT.get()
+            lay = kwargs.get("modality_layout")
             heads = config.layer(int(layer))
             out = mminference_attention(
-                query, key, value, heads, layout, scale=scaling, planner=planner
+                query,
+                key,
+                value,
+                heads,
+                layout if lay is None else lay,
+                scale=scaling,
+                planner=planner,
             ).out
         return out.transpose(1, 2).contiguous(), None
 
@@ -115,10 +113,19 @@ def make_attention_function(
 
 
 def apply_pattern_config(
-    model, config: PatternConfig, *, block: int = 64, min_sparse_len: int = 256, impl: str = "auto"
+    model,
+    config: PatternConfig,
+    *,
+    layout=None,
+    block: int = 64,
+    min_sparse_len: int = 256,
+    impl: str = "auto",
 ) -> AttentionSwap:
     """Switch ``model``'s decoder attention to MMInference driven by ``config``; returns the
-    :class:`~sparse_kernels.integrations.hf.AttentionSwap` whose ``remove()`` undoes it."""
+    :class:`~sparse_kernels.integrations.hf.AttentionSwap` whose ``remove()`` undoes it.
+    ``layout`` (a ``TokenLayout`` or ``modality_index.ModalityLayout``): the token layout of the
+    prompts the model will run (a forward's ``modality_layout`` kwarg overrides it); None: all
+    text."""
     _transformers()
     text = model.config.get_text_config()  # a VLM's language-model sizes
     n_layers = getattr(text, "num_hidden_layers", None)
@@ -132,7 +139,9 @@ def apply_pattern_config(
             f"PatternConfig is for {config.num_heads} query heads per layer, the model has "
             f"{n_heads}"
         )
-    fn = make_attention_function(config, block=block, min_sparse_len=min_sparse_len, impl=impl)
+    fn = make_attention_function(
+        config, layout=layout, block=block, min_sparse_len=min_sparse_len, impl=impl
+    )
     return swap_attention(model, fn, name=ATTN_NAME)
 
 

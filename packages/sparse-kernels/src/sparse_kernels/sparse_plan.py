@@ -1,5 +1,8 @@
 """``SparsePlan``: the one typed sparse format that crosses the package boundary.
 
+Size: one type; its field checks, the BlockMask conversions and the dense reference of the
+attended set belong together.
+
 A plan says which (query, key) pairs an attention launch computes, for ``[B', H']`` heads
 (``B'``, ``H'`` in ``{1, B}``, ``{1, H}``: size 1 broadcasts). Its block lists are in
 FlexAttention's ``BlockMask`` layout; optional per-head permutations reorder rows and columns

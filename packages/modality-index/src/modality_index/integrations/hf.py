@@ -1,4 +1,8 @@
-"""Build a ModalityLayout from a transformers config and the processor's outputs."""
+"""Build a ModalityLayout from a transformers config and the processor's outputs.
+
+Size: the whole HF seam of modality-index (layouts from processor outputs, the sample clip's
+decoding and patching, the tiny model configs built offline); each part is short.
+"""
 
 from __future__ import annotations
 

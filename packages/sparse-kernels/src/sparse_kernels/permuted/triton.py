@@ -1,5 +1,8 @@
 """Permuted block-sparse flash-attention forward with LSE (Triton).
 
+Size: one kernel (its three list walks share one prologue and one online-softmax step) and its
+launcher.
+
 One program computes BLOCK_M permuted query rows of one (batch, head). It loads the query
 permutation for its rows once, gathers those q rows, walks the key blocks listed for its query
 block (partial list with the causal element mask on ORIGINAL positions, then the full list with

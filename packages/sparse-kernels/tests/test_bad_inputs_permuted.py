@@ -142,7 +142,9 @@ def test_plan_of_another_device_or_type_raises(impl):
     q, k, v = _qkv()
     plan = SparsePlan(**{n: t.to("meta") if isinstance(t, torch.Tensor) else t
                          for n, t in _kw().items()}, check_contents=False)  # fmt: skip
-    with pytest.raises(ValueError, match=rf"expected tensors on {DEV} \(q's device\), got meta"):
+    with pytest.raises(
+        ValueError, match=rf"expected tensors on {q.device} \(q's device\), got meta"
+    ):
         permuted_block_sparse_attention(q, k, v, plan, impl=impl)
     with pytest.raises(TypeError, match="plan: expected a SparsePlan, got dict"):
         permuted_block_sparse_attention(q, k, v, _kw(), impl=impl)

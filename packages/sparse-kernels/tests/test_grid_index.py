@@ -77,7 +77,9 @@ def test_grid_index_reference_lists_are_the_block_mask():
                      use_slash=(True, True, False), impl="reference")  # fmt: skip
     st, ph = idx.stride.reshape(H), idx.phase.reshape(H)
     offs = grid_line_offsets(S, st, ph, max_stride=6)
-    flags = [torch.tensor(f) for f in ([False] * 3, [True, False, True], [True, True, False])]
+    flags = [
+        torch.tensor(f, device=DEV) for f in ([False] * 3, [True, False, True], [True, True, False])
+    ]
     mask = grid_block_mask(idx.perm.reshape(H, S), offs, *flags, S, blk)(0, -(-S // blk))
     W = idx.block_indices.shape[-1]
     got = torch.zeros_like(mask)
@@ -89,7 +91,7 @@ def test_grid_index_reference_lists_are_the_block_mask():
     assert torch.equal(got, mask)
     assert torch.equal(idx.inverse(), inverse_permutation(idx.perm))
     assert torch.equal(
-        idx.perm.gather(-1, idx.inverse().long()), torch.arange(S).expand(1, H, S).int()
+        idx.perm.gather(-1, idx.inverse().long()), torch.arange(S, device=DEV).expand(1, H, S).int()
     )
 
 

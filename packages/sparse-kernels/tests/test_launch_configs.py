@@ -22,6 +22,11 @@ TUNED = {
     "sparse_kernels.triangle.triton": "triangle",
     "sparse_kernels.vertical_slash.triton": "vertical_slash",
 }
+# Kernel modules with tile constexprs that are set from the problem, not tuned (with why).
+FIXED_TILES = {
+    "sparse_kernels.grid_index.search_triton": "one program per head over a period-wide fold: "
+    "its tiles follow the period (_search_setup), a few microseconds per layer",
+}
 # Constexpr parameters that are a tile choice (rows, keys, or offset blocks per program): a kernel
 # taking one is launched with a config, which must come from a SPEC.
 TILE_PARAMS = {"BLOCK_M", "TILE_M", "OB_PER"}
@@ -73,7 +78,7 @@ def test_every_kernel_with_tile_constexprs_has_a_spec():
             for name, k in _kernels(mod).items()
         )
     }
-    assert with_tiles == set(TUNED)
+    assert with_tiles == set(TUNED) | set(FIXED_TILES)
     for name, op in TUNED.items():
         spec = importlib.import_module(name).SPEC
         assert isinstance(spec, KernelSpec) and spec.name == op

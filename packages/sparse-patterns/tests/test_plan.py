@@ -806,12 +806,16 @@ def _spy_estimation_kernels(monkeypatch) -> list:
 
 def test_planner_impl_selects_the_estimation_engine(monkeypatch):
     """``impl="triton"`` estimates with the Triton line-score kernel even where ``"auto"`` picks
-    PyTorch (here: the CPU, under the interpreter); ``impl="reference"`` runs none of them; the
+    PyTorch (the CPU, under the interpreter); ``impl="reference"`` runs none of them; the
     plans agree on every head whose estimate is a sort of exactly-tied sums only (the static
-    ones, and the permutations)."""
+    ones, and the permutations). On a GPU machine the inputs are on the GPU (Triton there
+    runs no CPU tensors)."""
     from sparse_patterns import MMInferencePlanner
 
     lay, q, k, _ = _layer_inputs(seed=9, D=32)
+    if torch.cuda.is_available():
+        q, k = q.cuda(), k.cuda()
+        lay = TokenLayout(lay.modality.cuda(), tokens_per_frame=lay.tokens_per_frame)
     calls = _spy_estimation_kernels(monkeypatch)
     tri = MMInferencePlanner(block=32, impl="triton").plan(q, k, HEADS, lay)
     assert calls and all(impl == "triton" for _, impl in calls), calls

@@ -11,17 +11,31 @@ All functions work on every head at once (leading dims ``[B, H]``); no per-head 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
-from sparse_kernels.estimate.search import (
-    ratios_of_class_sums,
-    residue_fold,
-    search_folds_reference,
-    smallest_near_best,
+from sparse_kernels.grid_index import (  # pipeline steps, defined beside their kernels
+    fold_grid_lines,
+    grid_window,
+    search_grid_folds,
+    search_grid_lines,
 )
 
-from ._device import to_device
+__all__ = [
+    "approx_scores",
+    "fold_grid_lines",
+    "grid_window",
+    "last_line_folds",
+    "last_line_scores",
+    "pool_blocks",
+    "pooled_block_scores",
+    "search_grid",
+    "search_grid_folds",
+    "search_grid_lines",
+    "slash_scores",
+    "stride_space",
+    "topk_indices",
+    "vertical_scores",
+]
 
 
 def approx_scores(
@@ -107,13 +121,6 @@ def last_line_scores(
     return vertical_scores(p), _slash_scores(p, rows.shape, list(range(S - n, S)))
 
 
-def grid_window(period: int, S: int) -> tuple[int, int]:
-    """``(lo, hi)``: the positions a folded Grid search reads, ``[period, S // period * period)``:
-    whole periods only, so every class of every stride dividing ``period`` has the same count,
-    and the first period left out (sink and local-window mass sit there for every stride)."""
-    return period, S // period * period
-
-
 def last_line_folds(
     q: torch.Tensor, k: torch.Tensor, L: int, *, period: int, scale: float, impl: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,17 +143,6 @@ def last_line_folds(
             q[:, :, S - n :], k, S - n, period=period, lo=lo, hi=hi, scale=scale, impl="triton"
         )
     return fold_grid_lines(*last_line_scores(q, k, L, scale=scale, impl="reference"), period)
-
-
-def fold_grid_lines(
-    col: torch.Tensor, sl: torch.Tensor, period: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Full line scores ``[..., S]`` (:func:`last_line_scores`) as :func:`last_line_folds` gives
-    them: summed per residue modulo ``period`` over :func:`grid_window`."""
-    from sparse_kernels.estimate import fold_positions
-
-    lo, hi = grid_window(period, col.shape[-1])
-    return fold_positions(col, period, lo, hi), fold_positions(sl, period, lo, hi)
 
 
 def topk_indices(scores: torch.Tensor, k: int, *, forced: int = 0) -> torch.Tensor:
@@ -177,48 +173,6 @@ def _stride_space(tokens_per_frame: int | None, max_stride: int, S: int) -> tupl
     return tuple(d for d in range(2, t + 1) if t % d == 0 and d <= cap)
 
 
-def _line_ratio(x: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """View ``x [N, S]`` as ``[N, n, s]`` (skipping the first period: sink / self-attention mass
-    sits there for every stride) and return (best class mean / mean, argmax class)."""
-    n = (x.shape[-1] - s) // s
-    return _class_ratio(x[..., s : s + n * s].reshape(*x.shape[:-1], n, s).mean(dim=-2))
-
-
-@functools.lru_cache(maxsize=64)
-def _fold_mats(strides: tuple[int, ...], S: int, device: torch.device):
-    """Constant matrices of the folded stride search (see :func:`search_grid_lines`), for
-    strides dividing ``P = lcm(strides)``; columns are the (stride, class) pairs, stride-major.
-    ``fold [P, C]``: residue mod P -> class; ``tail [P, C]``: the same, for the positions
-    ``S // P * P + p`` inside stride ``s``'s view ``[s, S // s * s)``; ``first_idx [C]``: the
-    position of class ``c`` in the first period (removed); ``n [C]``: periods per view;
-    ``valid [k, P]``: column of (stride i, class c), -1 past the stride; ``svec [k]``: the
-    strides (int64)."""
-    P = math.lcm(*strides)
-    SP = S // P * P
-    C = sum(strides)
-    tail = torch.zeros(P, C)
-    first_idx = torch.zeros(C, dtype=torch.long)
-    n = torch.zeros(C)
-    o = 0
-    r = torch.arange(P)
-    for s in strides:
-        inside = (SP + r) < S // s * s
-        tail[r[inside], o + r[inside] % s] = 1.0
-        first_idx[o : o + s] = torch.arange(s)
-        n[o : o + s] = S // s - 1
-        o += s
-    fold, valid, svec = residue_fold(strides, P, device)
-    tail, first_idx, n = (to_device(t, device) for t in (tail, first_idx, n))
-    return fold, tail, first_idx, n, valid, svec
-
-
-def _class_ratio(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Class means ``v [..., s]`` -> (best class mean / mean, argmax class)."""
-    mean = v.mean(dim=-1).clamp_min(1e-30)
-    best, arg = v.max(dim=-1)
-    return best / mean, arg
-
-
 def search_grid(
     p: torch.Tensor,
     rows: torch.Tensor,
@@ -229,93 +183,6 @@ def search_grid(
     """:func:`search_grid_lines` on the column and diagonal mass of the approximate scores
     ``p [..., L, S]`` of the query rows ``rows [L]``."""
     return search_grid_lines(vertical_scores(p), slash_scores(p, rows), strides, rel_tol=rel_tol)
-
-
-def search_grid_lines(
-    col: torch.Tensor,
-    sl: torch.Tensor,
-    strides: list[int],
-    *,
-    rel_tol: float = 0.15,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Algorithm 1: the grid stride and phase of every head from a view of the approximate scores.
-
-    For each candidate stride ``s`` the column mass (vertical lines) and the diagonal mass
-    (slash lines) are viewed as ``[n, s]``; the score of ``s`` is the larger concentration ratio
-    (best class mean / mean over classes). A multiple of the true stride scores about as high
-    as the stride itself (and a little higher by chance: fewer samples per class), a divisor
-    about ``1 / (s / d)`` as high; so the answer is the SMALLEST stride scoring within
-    ``rel_tol`` of the best score. Phase = argmax class of the column view at that stride.
-
-    Args:
-        col: ``[..., S]`` column mass (:func:`vertical_scores`); sl: ``[..., S]`` diagonal mass
-            (:func:`slash_scores`) of the same rows.
-    Returns:
-        ``(stride, phase, score)``, each ``col.shape[:-1]`` (int64, int64, float32).
-    """
-    strides = sorted(s for s in strides if (col.shape[-1] - s) // s >= 1)
-    if not strides:
-        raise ValueError(
-            f"search_grid: expected a stride space with at least one stride <= S/2, got none "
-            f"for S={col.shape[-1]}"
-        )
-    S = col.shape[-1]
-    P = math.lcm(*strides)
-    scores, phases = [], []
-    svec = None
-    if min(S // 2, 4096) >= P:
-        # Every stride divides P. A few launches for all strides at once: the class sums mod P
-        # (one pass over each vector), folded per stride by one matmul, minus the first period,
-        # plus the tail past the last whole P-period (another matmul); then the per-stride
-        # ratios on a padded [strides, P] view.
-        fold, tail, first_idx, n, valid, svec = _fold_mats(tuple(strides), S, col.device)
-        x = torch.stack([col, sl]).float()  # [2, N, S]
-        SP = S // P * P
-        acc = x[..., :SP].reshape(*x.shape[:-1], -1, P).sum(-2)  # [2, N, P]
-        x_tail = torch.nn.functional.pad(x[..., SP:], (0, P - (S - SP)))
-        v = (acc @ fold + x_tail @ tail - x[..., first_idx]) / n  # [2, N, sum(s)]
-        sc, ph = ratios_of_class_sums(v, valid, svec)  # [N, k]
-    else:
-        both = torch.stack([col, sl])  # one view per stride for the two kinds of line
-        for s in strides:
-            r, arg = _line_ratio(both, s)
-            scores.append(r.amax(0))
-            phases.append(arg[0])
-        sc = torch.stack(scores, -1)
-        ph = torch.stack(phases, -1)
-    if svec is None:
-        svec = to_device(torch.tensor(strides), col.device)
-    return smallest_near_best(sc, ph, svec, rel_tol)
-
-
-def search_grid_folds(
-    col_fold: torch.Tensor,
-    sl_fold: torch.Tensor,
-    strides: list[int],
-    *,
-    rel_tol: float = 0.15,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Algorithm 1 on folded line scores (:func:`last_line_folds`): the same stride choice as
-    :func:`search_grid_lines`, with every stride viewing the window of :func:`grid_window`.
-
-    ``col_fold``, ``sl_fold``: ``[..., P]`` sums per residue modulo ``P``, every residue
-    summed over the same number of positions; every stride must divide ``P``. Stride ``s``'s
-    class ``c`` then sums the residues ``c, c + s, ...`` (all with the same count, so the ratio
-    best / mean needs no counts). Returns ``(stride, phase, score)`` like
-    :func:`search_grid_lines`."""
-    P = col_fold.shape[-1]
-    if sl_fold.shape != col_fold.shape:
-        raise ValueError(
-            f"sl_fold: expected the shape of col_fold {tuple(col_fold.shape)}, got "
-            f"{tuple(sl_fold.shape)}"
-        )
-    strides = sorted(strides)
-    bad = [s for s in strides if s < 1 or P % s]
-    if not strides or bad:
-        raise ValueError(
-            f"search_grid_folds: expected strides dividing the period {P}, got {strides}"
-        )
-    return search_folds_reference(col_fold, sl_fold, strides, rel_tol=rel_tol)
 
 
 def pool_blocks(x: torch.Tensor, block: int) -> torch.Tensor:

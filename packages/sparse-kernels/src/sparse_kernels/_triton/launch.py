@@ -2,7 +2,7 @@
 
 ``fn[grid](*args)`` binds the arguments, computes Triton's specialization of each one, hashes a
 cache key, looks the compiled kernel up and then launches it: 15-60 us of host time per launch
-on an H100 host, which a 128K-token Grid estimation of six launches notices (its GPU work is
+on an H100 host, which a 128K-token Grid estimation of five launches notices (its GPU work is
 about 0.3 ms). :func:`launch` makes the first launch of each specialization through
 ``fn[grid]`` and keeps the compiled kernel under a key of everything Triton specializes on,
 then launches it directly through the compiled kernel's launcher (the call ``JITFunction.run``

@@ -216,7 +216,7 @@ def fold_setup(
     G = H // H_KV
     # Query heads of a KV group per interior program (they share each key tile): by default two
     # up to ``short`` keys (then 64-wide tiles and 8 warps), else one. On H100s at the
-    # Qwen2.5-VL-7B shape (grid_and_boundaries.md section 11) two
+    # Qwen2.5-VL-7B shape two
     # heads with 3 stages were the fastest fold pass at 128K; at 512K and 1M one head with
     # 128-wide tiles was the fastest on one machine and 64-wide tiles on another, so the
     # earlier 128 is kept; 4 and 8 heads were slower: the pass is bound by its dots and

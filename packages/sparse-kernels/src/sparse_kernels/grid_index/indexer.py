@@ -99,7 +99,7 @@ class GridIndexer:
         graph_max_tokens: longest sequence indexed through a graph: a replay copies its outputs
             (the permutation and lists, 4 bytes per head and token and more), and at 1M tokens
             on an H100 that copy made the graph 0.2 ms slower than the launches, whose host
-            time the GPU work hides at that length (grid_and_boundaries.md section 12); at 512K
+            time the GPU work hides at that length; at 512K
             the graph was still 0.08 ms faster.
     """
 

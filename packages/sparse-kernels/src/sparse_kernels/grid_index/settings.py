@@ -1,8 +1,7 @@
 """The launch settings of the Grid index kernels, as one frozen value the caller passes.
 
-The defaults are the fastest measured on H100s at the Qwen2.5-VL-7B shape
-(``docs/grid_and_boundaries.md`` sections 11 and 12); tests pass other values to reach every
-layout the kernels can take.
+The defaults are the fastest measured on H100s at the Qwen2.5-VL-7B shape; tests pass other
+values to reach every layout the kernels can take.
 """
 
 from __future__ import annotations

@@ -413,7 +413,7 @@ def _permuted_fwd_kernel(
             run_step = tl.minimum(tl.maximum(run_step, 1), S_KV)
         # Step 1 (identity and modality orders) gets a loop with the step a constant: the compiler
         # then sees consecutive key rows. UNIT_STEPS: every head's step is 1 (no branch at all);
-        # otherwise the branch picks per program (grid_and_boundaries.md §5d measures them).
+        # otherwise the branch picks per program.
         if UNIT_STEPS or run_step == 1:
             acc, l_i, m_i = _permuted_blocks_inner(
                 acc, l_i, m_i, q, k_base, v_base, kvp_base, run_base, stride_run_n, rcount,

@@ -20,13 +20,9 @@ import torch
 
 from ..estimate.search import host_to_device, stride_vector
 from ..permuted.perms import host_ints
-from .blocks_triton import grid_blocks_size, grid_blocks_triton
-from .fold_launch import fold_partials
 from .graphs import OffsetGraph
 from .lists import grid_candidate_lists
-from .lists_triton import grid_lists_size, launch_grid_lists
 from .reference import grid_window
-from .search_triton import search_partials
 from .settings import DEFAULT_SETTINGS, GridIndexSettings
 from .types import GridIndex, RunSplit
 
@@ -154,6 +150,8 @@ class GridIndexer:
         """Launch the Grid index of ``q``, ``k`` (see :func:`~sparse_kernels.grid_index.grid_index`
         for the arguments; ``strides`` ascending, inputs already checked there or by the
         caller: this is the per-layer path and checks only what it adds)."""
+        from .lists_triton import grid_lists_size, launch_grid_lists
+
         B, H, S, _ = q.shape
         n = min(last_q, S)
         q_rows = q.narrow(2, S - n, n)
@@ -273,6 +271,13 @@ def _launch(
     what the index keeps shaped as it keeps it (the lists ``[B, H, NB, cap]`` when ``cap``;
     shaped here, so that a graph replay makes these views for free). No host read;
     ``qk_offsets``: as :func:`~.fold_launch.fold_partials` takes it (an :class:`OffsetGraph`)."""
+    # The Triton modules are imported on use: importing sparse_kernels must not import triton
+    # (TRITON_INTERPRET is read when triton is imported).
+    from .blocks_triton import grid_blocks_size, grid_blocks_triton
+    from .fold_launch import fold_partials
+    from .lists_triton import grid_lists_size, launch_grid_lists
+    from .search_triton import search_partials
+
     B, H, n, _ = q_rows.shape
     N = B * H
     lo, hi = grid_window(P, S)

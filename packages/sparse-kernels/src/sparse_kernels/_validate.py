@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Triton kernels pad the head dim to the next power of two (at least 16) and mask the loads.
 TRITON_MAX_HEAD_DIM = 128
-IMPLS = ("auto", "triton", "reference")
+IMPLS = ("auto", "triton", "fa4", "reference")
 FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
@@ -85,12 +85,40 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def resolve_impl(impl: str, device: torch.device, op: str) -> str:
-    """``"auto"`` is triton on CUDA and reference elsewhere (the CPU)."""
+def resolve_impl(
+    impl: str,
+    device: torch.device,
+    op: str,
+    *,
+    fa4: Callable[[], tuple[type[Exception], str] | None] | None = None,
+) -> str:
+    """The engine that runs ``op``: ``"reference"``, ``"triton"`` or ``"fa4"``.
+
+    ``fa4`` is given by the ops FlashAttention-4 can run: it says why FA4 cannot run this input
+    (``(exception type, reason)``) or ``None``. ``"fa4"`` raises that reason (or, for an op
+    without ``fa4``, that FA4 has no kernel for it). ``"auto"`` is the reference off CUDA; on
+    CUDA it is FA4 where :data:`sparse_kernels.fa4.AUTO_FA4` lists the op for the GPU and FA4
+    can run the input, else triton.
+    """
     if impl not in IMPLS:
         raise ValueError(f"{op}: impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "fa4":
+        if fa4 is None:
+            raise NotImplementedError(
+                f"{op}: impl='fa4': FlashAttention-4 has no kernel for this op; impl='triton' "
+                f"or 'auto' runs ours"
+            )
+        why = fa4()
+        if why is not None:
+            exc, reason = why
+            raise exc(f"{op}: impl='fa4' {reason}")
+        return "fa4"
     if impl == "auto":
-        return "triton" if device.type == "cuda" else "reference"
+        if device.type != "cuda":
+            return "reference"
+        if fa4 is not None and _auto_prefers_fa4(op, device) and fa4() is None:
+            return "fa4"
+        return "triton"
     if impl == "triton" and not (
         device.type == "cuda" or (device.type == "cpu" and interpreter_enabled())
     ):
@@ -99,6 +127,12 @@ def resolve_impl(impl: str, device: torch.device, op: str) -> str:
             f"before import, for the interpreter), got tensors on {device}"
         )
     return impl
+
+
+def _auto_prefers_fa4(op: str, device: torch.device) -> bool:
+    from .fa4 import AUTO_FA4
+
+    return (op, torch.cuda.get_device_capability(device)[0]) in AUTO_FA4
 
 
 def check_triton_head_dim(D: int, op: str) -> None:

@@ -14,6 +14,7 @@ from .._validate import (
     check_triton_head_dim,
     resolve_impl,
 )
+from ..fa4 import block_lists_problem
 from .reference import block_sparse_attention_reference
 
 _OP = "block_sparse_attention"
@@ -105,9 +106,14 @@ def block_sparse_attention(
             Any strides (lists whose last dim is not contiguous are copied before the launch).
         causal: apply the causal rule above on top of the listed blocks.
         scale: softmax scale, finite and positive; default ``D ** -0.5``.
-        impl: ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``), ``"reference"`` (dense
-            PyTorch over the expanded mask, scores and softmax in float32) or ``"auto"`` (triton
-            on CUDA, reference elsewhere).
+        impl: ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``), ``"fa4"``
+            (FlashAttention-4's block-sparse kernel, the ``hopper`` extra: fp16/bf16 on an sm90
+            GPU, head dims 8..128 in steps of 8, block sizes 64 or 128, and without ``causal``
+            ``S_KV`` a multiple of ``BLOCK_N``; anything else raises, naming why; the lists go to
+            FA4 as they are), ``"reference"`` (dense PyTorch over the expanded mask, scores and
+            softmax in float32) or ``"auto"`` (on CUDA, FA4 where
+            :data:`sparse_kernels.fa4.AUTO_FA4` lists this op for the GPU and FA4 can run the
+            input, else triton; the reference elsewhere).
         check_indices: verify counts are within the lists' width and listed indices are in
             range and not duplicated (reduced on the device, then up to five host reads); pass
             ``False`` only for a mask already checked or built valid (timed loops): unchecked
@@ -147,16 +153,22 @@ def block_sparse_attention(
                      B, H, nqb, nkb, q.device, check_indices)  # fmt: skip
     if check_indices:
         _check_no_duplicates(block_mask, nkb)
-    which = resolve_impl(impl, q.device, _OP)
+    which = resolve_impl(
+        impl, q.device, _OP,
+        fa4=lambda: block_lists_problem(q, block_size=(BM, BN), causal=causal, S_KV=S_KV),
+    )  # fmt: skip
     if which == "reference":
         return block_sparse_attention_reference(q, k, v, block_mask, causal=causal, scale=scale)
+    lists = (block_mask.kv_num_blocks, block_mask.kv_indices,
+             block_mask.full_kv_num_blocks, block_mask.full_kv_indices)  # fmt: skip
+    if which == "fa4":
+        from ..fa4.engine import block_sparse
+
+        return block_sparse(q, k, v, lists, block_size=(BM, BN), causal=causal, scale=scale)
     check_triton_head_dim(D, _OP)
     from .triton import _launch_block_sparse_fwd
 
     out, lse = _launch_block_sparse_fwd(
-        q, k, v,
-        block_mask.kv_num_blocks, block_mask.kv_indices,
-        block_mask.full_kv_num_blocks, block_mask.full_kv_indices,
-        block_m=BM, block_n=BN, causal=causal, scale=scale,
-    )  # fmt: skip
+        q, k, v, *lists, block_m=BM, block_n=BN, causal=causal, scale=scale
+    )
     return AttentionOutput(out, lse)

@@ -1,0 +1,63 @@
+"""Our ``[B, H, S, D]`` attention ops run by FlashAttention-4's kernels (``flash_attn.cute``).
+
+FA4 takes ``[B, S, H, D]``: the ``transpose(1, 2)`` views of our tensors are passed as they are
+(FA4 reads any strides whose last one is 1), so no copy is made on the way in; the output comes
+back as the ``[B, H, S, D]`` view of FA4's ``[B, S, H, D]`` buffer. Our block lists are already
+FA4's layout (FlexAttention's ``BlockMask`` lists), so they are handed over without conversion.
+
+Callers check :func:`sparse_kernels.fa4.support.problem` first; this module assumes it passed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._types import AttentionOutput
+
+
+def _bshd(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2)
+
+
+def dense(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float
+) -> AttentionOutput:
+    """FA4 dense attention. Causal alignment is bottom-right, as ours (DESIGN.md)."""
+    from flash_attn.cute import flash_attn_func
+
+    out, lse = flash_attn_func(
+        _bshd(q), _bshd(k), _bshd(v), softmax_scale=scale, causal=causal, return_lse=True
+    )
+    return AttentionOutput(out.transpose(1, 2), lse)
+
+
+def block_sparse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lists: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+    *,
+    block_size: tuple[int, int],
+    causal: bool,
+    scale: float,
+) -> AttentionOutput:
+    """FA4 over block lists ``(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices)``
+    (int32, ``[B', H', NQB(, W)]``). Partial and full lists are attended alike, with the causal
+    rule applied in every listed tile when ``causal`` (FA4 masks the diagonal by position, which
+    is a no-op on tiles below it)."""
+    from flash_attn.cute import flash_attn_func
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+
+    num, idx, full_num, full_idx = lists
+    tensors = BlockSparseTensorsTorch(
+        mask_block_cnt=num,
+        mask_block_idx=idx,
+        full_block_cnt=full_num,
+        full_block_idx=full_idx,
+        block_size=block_size,
+    )
+    out, lse = flash_attn_func(
+        _bshd(q), _bshd(k), _bshd(v),
+        softmax_scale=scale, causal=causal, block_sparse_tensors=tensors, return_lse=True,
+    )  # fmt: skip
+    return AttentionOutput(out.transpose(1, 2), lse)

@@ -1,0 +1,177 @@
+"""The FlashAttention-4 engine (``impl="fa4"``): what it refuses, and on a GPU with the
+``hopper`` extra, the same error budgets against float64 as the Triton kernels."""
+
+import pytest
+import torch
+from sparse_kernels import attention, block_sparse_attention, fa4, triangle_attention
+from sparse_kernels.attention import attention_reference
+from sparse_kernels.block_sparse import block_mask_to_dense, block_sparse_attention_reference
+from sparse_kernels.testing import assert_close_budget, make_qkv
+from sparse_kernels.validation import resolve_impl
+from torch.nn.attention.flex_attention import BlockMask
+
+FA4_DTYPES = [torch.float16, torch.bfloat16]
+needs_fa4 = pytest.mark.skipif(
+    not fa4.available(), reason=f"needs flash-attn-4 ({fa4.EXTRA_HINT}) and an sm90 GPU"
+)
+
+
+def _block_mask(Bm, Hm, S_Q, S_KV, BM, BN, *, density, seed, device, full=True):
+    """Random partial/full lists, each row's entries in a shuffled order (FA4 must not rely on
+    sorted lists)."""
+    nqb, nkb = -(-S_Q // BM), -(-S_KV // BN)
+    g = torch.Generator().manual_seed(seed)
+    sel = torch.rand(Bm, Hm, nqb, nkb, generator=g) < density
+    fsel = sel & (torch.rand(Bm, Hm, nqb, nkb, generator=g) < 0.5) if full else sel & False
+
+    def lists(s):
+        order = torch.argsort((~s).float() * 2 + torch.rand(s.shape, generator=g), dim=-1)
+        return s.sum(-1).to(torch.int32).to(device), order.to(torch.int32).to(device)
+
+    pn, pi = lists(sel & ~fsel)
+    fn, fi = lists(fsel)
+    return BlockMask.from_kv_blocks(pn, pi, fn, fi, BLOCK_SIZE=(BM, BN))
+
+
+# ------------------------------------------------------------------------------------------
+# Refusals: named, before any launch (CPU)
+
+
+def test_fa4_refuses_cpu_tensors_naming_the_device():
+    q, k, v = make_qkv(1, 2, 1, 64, 64, 64, dtype=torch.float16, device="cpu")
+    with pytest.raises(ValueError, match=r"attention: impl='fa4' needs CUDA tensors, got .*cpu"):
+        attention(q, k, v, impl="fa4")
+
+
+@pytest.mark.parametrize(
+    "dtype,D,match",
+    [
+        (torch.float32, 64, r"needs float16 or bfloat16 tensors, got torch.float32"),
+        (torch.float16, 12, r"head dim in 8..256 divisible by 8, got 12"),
+        (torch.bfloat16, 264, r"head dim in 8..256 divisible by 8, got 264"),
+    ],
+)
+def test_fa4_refuses_dtype_and_head_dim(dtype, D, match):
+    q, k, v = make_qkv(1, 2, 1, 16, 16, D, dtype=dtype, device="meta")
+    with pytest.raises(NotImplementedError, match=match):
+        attention(q, k, v, impl="fa4")
+
+
+def test_fa4_block_lists_refusals():
+    bm = _block_mask(1, 1, 256, 300, 128, 128, density=0.5, seed=0, device="cpu")
+    q, k, v = make_qkv(1, 2, 1, 256, 300, 64, dtype=torch.float16, device="cpu")
+    with pytest.raises(NotImplementedError, match=r"S_KV=300, block_n=128"):
+        block_sparse_attention(q, k, v, bm, causal=False, impl="fa4")
+    q, k, v = make_qkv(1, 2, 1, 256, 300, 192, dtype=torch.float16, device="cpu")
+    with pytest.raises(NotImplementedError, match=r"up to head dim 128, got 192"):
+        block_sparse_attention(q, k, v, bm, impl="fa4")
+
+
+def test_ops_without_an_fa4_kernel_say_so():
+    q, k, v = make_qkv(1, 2, 1, 64, 64, 64, dtype=torch.float16, device="cpu")
+    with pytest.raises(NotImplementedError, match=r"triangle_attention: impl='fa4': .*no kernel"):
+        triangle_attention(q, k, v, sink=16, window=16, last=16, impl="fa4")
+
+
+def test_auto_off_cuda_is_the_reference_and_never_fa4():
+    assert resolve_impl("auto", torch.device("cpu"), "attention", fa4=lambda: None) == "reference"
+
+
+def test_auto_table_names_only_ops_with_an_fa4_path():
+    assert {op for op, _ in fa4.AUTO_FA4} <= {"attention", "block_sparse_attention"}
+    assert all(major in fa4.support.ARCH_MAJORS for _, major in fa4.AUTO_FA4)
+
+
+@pytest.mark.skipif(fa4.support.import_problem() is None, reason="flash-attn-4 is installed here")
+def test_missing_package_names_the_extra():
+    assert not fa4.available()
+    assert fa4.EXTRA_HINT in fa4.support.import_problem()
+    assert fa4.version() is None
+
+
+# ------------------------------------------------------------------------------------------
+# GPU with the extra: the Triton test matrix, error budgets against float64
+
+# (B, H, H_KV, S_Q, S_KV, D, causal)
+DENSE_CASES = [
+    (1, 2, 2, 1, 1, 64, True),
+    (2, 4, 1, 97, 97, 64, True),
+    (1, 7, 1, 97, 97, 80, False),
+    (1, 4, 4, 33, 300, 96, True),
+    (1, 2, 1, 1, 257, 128, True),
+    (1, 2, 2, 150, 70, 64, True),
+    (2, 4, 2, 130, 200, 128, False),
+    (1, 2, 2, 90, 90, 40, True),
+    (1, 28, 4, 4096, 4096, 128, True),
+    (2, 8, 8, 2049, 8192, 64, True),
+    (1, 4, 2, 1000, 1000, 256, True),
+]
+
+
+@pytest.mark.gpu
+@needs_fa4
+@pytest.mark.parametrize("dtype", FA4_DTYPES, ids=str)
+@pytest.mark.parametrize("B,H,H_KV,S_Q,S_KV,D,causal", DENSE_CASES, ids=str)
+def test_fa4_dense_matches_reference(B, H, H_KV, S_Q, S_KV, D, causal, dtype):
+    q, k, v = make_qkv(B, H, H_KV, S_Q, S_KV, D, dtype=dtype, device="cuda", seed=S_Q + D)
+    res = attention(q, k, v, causal=causal, impl="fa4")
+    gold = attention_reference(q, k, v, causal=causal, compute_dtype=torch.float64)
+    low = attention_reference(q, k, v, causal=causal, compute_dtype=q.dtype)
+    assert res.out.shape == q.shape and res.lse.shape == (B, H, S_Q)
+    assert res.out.dtype == q.dtype and res.lse.dtype == torch.float32
+    assert_close_budget(res.out, low.out, gold.out, dtype=dtype, name="out")
+    assert_close_budget(res.lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
+
+
+# (B, H, H_KV, S_Q, S_KV, D, BM, BN, mask B, mask H, causal)
+SPARSE_CASES = [
+    (1, 4, 1, 97, 97, 64, 64, 64, 1, 4, True),
+    (2, 7, 1, 300, 300, 64, 128, 64, 1, 1, True),
+    (2, 4, 4, 256, 384, 128, 64, 128, 2, 1, False),
+    (1, 2, 1, 1025, 1025, 64, 128, 128, 1, 2, True),
+    (1, 2, 2, 33, 300, 80, 64, 64, 1, 2, True),
+    (1, 2, 1, 200, 90, 64, 64, 64, 1, 2, True),
+    (1, 28, 4, 4096, 4096, 128, 128, 128, 1, 28, True),
+]
+
+
+@pytest.mark.gpu
+@needs_fa4
+@pytest.mark.parametrize("dtype", FA4_DTYPES, ids=str)
+@pytest.mark.parametrize("B,H,H_KV,S_Q,S_KV,D,BM,BN,Bm,Hm,causal", SPARSE_CASES, ids=str)
+def test_fa4_block_sparse_matches_reference(
+    B, H, H_KV, S_Q, S_KV, D, BM, BN, Bm, Hm, causal, dtype
+):
+    q, k, v = make_qkv(B, H, H_KV, S_Q, S_KV, D, dtype=dtype, device="cuda", seed=S_Q)
+    bm = _block_mask(Bm, Hm, S_Q, S_KV, BM, BN, density=0.4, seed=S_Q + BM, device="cuda")
+    res = block_sparse_attention(q, k, v, bm, causal=causal, impl="fa4")
+    gold = block_sparse_attention_reference(q, k, v, bm, causal=causal, compute_dtype=torch.float64)
+    low = block_sparse_attention_reference(q, k, v, bm, causal=causal, compute_dtype=q.dtype)
+    assert res.out.shape == q.shape and res.lse.shape == (B, H, S_Q)
+    assert_close_budget(res.out, low.out, gold.out, dtype=dtype, name="out")
+    assert_close_budget(res.lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
+    # Rows that attend nothing (no listed block, or above the diagonal): out 0, lse -inf.
+    empty = ~block_mask_to_dense(bm, S_Q, S_KV, causal=causal).expand(B, H, S_Q, S_KV).any(-1)
+    assert torch.equal(res.out[empty], torch.zeros_like(res.out[empty]))
+    assert bool(torch.isneginf(res.lse[empty]).all())
+
+
+@pytest.mark.gpu
+@needs_fa4
+def test_fa4_dense_empty_rows_zero_out_neginf_lse():
+    q, k, v = make_qkv(1, 2, 2, 150, 70, 64, dtype=torch.bfloat16, device="cuda")
+    res = attention(q, k, v, causal=True, impl="fa4")
+    n_empty = 150 - 70
+    assert torch.equal(res.out[:, :, :n_empty], torch.zeros_like(res.out[:, :, :n_empty]))
+    assert bool(torch.isneginf(res.lse[:, :, :n_empty]).all())
+
+
+@pytest.mark.gpu
+@needs_fa4
+def test_auto_runs_the_table_engine_and_triton_for_what_fa4_cannot():
+    q, k, v = make_qkv(1, 4, 2, 512, 512, 128, dtype=torch.bfloat16, device="cuda")
+    want = "fa4" if ("attention", 9) in fa4.AUTO_FA4 else "triton"
+    assert torch.equal(attention(q, k, v, impl="auto").out, attention(q, k, v, impl=want).out)
+    q32, k32, v32 = (t.float() for t in (q, k, v))  # fp32: FA4 cannot, auto is triton
+    auto = attention(q32, k32, v32, impl="auto")
+    assert torch.equal(auto.out, attention(q32, k32, v32, impl="triton").out)

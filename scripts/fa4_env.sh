@@ -1,0 +1,21 @@
+# Sourced by the GPU scripts that need the `hopper` extra (flash-attn-4 and the CUTLASS DSL) on a
+# machine without network. The wheels travel in two git-ignored folders, each under the 64 MiB a
+# call may carry, on two calls to one warm machine:
+#   .fa4a/: the small wheels and the first half of the cu13 DSL library (an xz tar, split);
+#   .fa4b/: its second half.
+# Once both halves have arrived, everything is installed into /tmp/fa4site, which later calls on
+# the same machine reuse. The CUTLASS DSL's `cutlass` package lives in
+# nvidia_cutlass_dsl/dsl_packages (a .pth entry in a normal install), hence the second path.
+FA4_SITE=/tmp/fa4site
+if [ ! -d "$FA4_SITE/flash_attn" ] && [ -f .fa4a/cu13.part.aa ] && [ -f .fa4b/cu13.part.ab ]; then
+  mkdir -p "$FA4_SITE" \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$FA4_SITE" .fa4a/*.whl \
+    && cat .fa4a/cu13.part.aa .fa4b/cu13.part.ab | xz -d | tar -x -C "$FA4_SITE" \
+    || echo "fa4_env: install failed" >&2
+fi
+if [ -d "$FA4_SITE/flash_attn" ]; then
+  export PYTHONPATH=$FA4_SITE:$FA4_SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
+else
+  echo "fa4_env: flash-attn-4 is not installed here (.fa4a and .fa4b both needed once)" >&2
+fi

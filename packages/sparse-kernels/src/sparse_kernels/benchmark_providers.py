@@ -1,0 +1,207 @@
+"""The providers every attention benchmark suite runs, built the same way for every suite: our ops
+(``impl=`` auto, triton, fa4), FlashAttention-4 called directly, FlexAttention on its Triton and
+FA4 (``FLASH``) backends, cuDNN SDPA and MInference 0.1.6; FA4's dense rate as the anchor of
+every ratio; a float32 oracle over a few rows; the summary table. Peer packages are imported on
+use: a missing one is a :class:`ProviderUnavailable` that names it, never a substitute."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch
+
+from .benchmarking import (
+    Anchor,
+    _repeat_kv,
+    attention_flops,
+    causal_pairs,
+    cuda_time_ms,
+    tflops,
+)
+
+# The provider axis of every attention suite, in table order. ``ours-*`` run our op with
+# ``impl=`` the suffix; the others are the peers.
+PROVIDERS = (
+    "ours-auto", "ours-triton", "ours-fa4", "fa4", "flex-triton", "flex-fa4", "cudnn", "minference",
+)  # fmt: skip
+
+
+class ProviderUnavailable(Exception):
+    """A provider cannot run here: its package is missing, or it has no such op. The message
+    names the package or the op; the suites report it as a skip with that reason."""
+
+
+def require_package(provider: str) -> None:
+    """Raise :class:`ProviderUnavailable` naming the package a peer provider needs when it does
+    not import here; our own providers and the torch ones need nothing more."""
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+    module, dist = {
+        "fa4": ("flash_attn.cute", "flash-attn-4"),
+        "flex-fa4": ("flash_attn.cute", "flash-attn-4 (FlexAttention's FLASH backend)"),
+        "minference": ("minference", "minference 0.1.6 (built from its sdist)"),
+    }.get(provider, (None, None))
+    if module is None:
+        return
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ProviderUnavailable(f"{provider}: {dist} is not importable ({e})") from e
+
+
+def ours_impl(provider: str) -> str:
+    """The ``impl=`` of an ``ours-*`` provider."""
+    if provider not in PROVIDERS or not provider.startswith("ours-"):
+        raise ValueError(f"an ours-* provider of {PROVIDERS} expected, got {provider!r}")
+    return provider.removeprefix("ours-")
+
+
+def first_call(provider: str, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """Run ``fn`` once, before the timed rounds (JIT compiles happen here), and return its output.
+    Our op with ``impl="fa4"`` raises ``ImportError`` / ``NotImplementedError`` naming why FA4
+    cannot run the input: that becomes :class:`ProviderUnavailable`; every other error stays."""
+    try:
+        return fn()
+    except (ImportError, NotImplementedError) as e:
+        if provider != "ours-fa4":
+            raise
+        raise ProviderUnavailable(f"{provider}: {e}") from e
+
+
+def fa4_dense_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable:
+    """FlashAttention-4 dense causal attention on our ``[B, H, S, D]`` tensors (FA4 reads the
+    ``[B, S, H, D]`` views as they are), with the LSE as ours returns it."""
+    from flash_attn.cute import flash_attn_func
+
+    scale = q.shape[-1] ** -0.5
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+    def run():
+        out, _ = flash_attn_func(qt, kt, vt, softmax_scale=scale, causal=True, return_lse=True)
+        return out.transpose(1, 2)
+
+    return run
+
+
+def fa4_block_sparse_call(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask
+) -> Callable:
+    """FlashAttention-4 over a causal ``BlockMask``'s lists as they are (partial lists as FA4's
+    mask lists, full lists as its full lists), the causal rule applied in the partial tiles."""
+    from flash_attn.cute import flash_attn_func
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+
+    tensors = BlockSparseTensorsTorch(
+        mask_block_cnt=block_mask.kv_num_blocks,
+        mask_block_idx=block_mask.kv_indices,
+        full_block_cnt=block_mask.full_kv_num_blocks,
+        full_block_idx=block_mask.full_kv_indices,
+        block_size=tuple(int(b) for b in block_mask.BLOCK_SIZE),
+    )
+    scale = q.shape[-1] ** -0.5
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+    def run():
+        out, _ = flash_attn_func(
+            qt, kt, vt, softmax_scale=scale, causal=True, block_sparse_tensors=tensors,
+            return_lse=True,
+        )  # fmt: skip
+        return out.transpose(1, 2)
+
+    return run
+
+
+def flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, *, backend: str):
+    """Compiled FlexAttention with ``block_mask`` on its ``"TRITON"`` or ``"FLASH"`` (FA4)
+    backend; the mask's ``mask_mod`` runs in its partial blocks."""
+    from .testing import _compiled_flex, flex_attention_compiled
+
+    if backend == "TRITON":
+        return lambda: flex_attention_compiled(q, k, v, block_mask)
+    if backend != "FLASH":
+        raise ValueError(f"flex backend must be 'TRITON' or 'FLASH', got {backend!r}")
+    fn, opts = _compiled_flex(), {"BACKEND": "FLASH"}
+    return lambda: fn(q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=opts)
+
+
+def minference_vertical_slash_call(q, k, v, vertical: torch.Tensor, slash: torch.Tensor):
+    """MInference 0.1.6 ``vertical_slash_sparse_attention`` (64x64 tiles; its index conversion
+    runs inside the call, as ours does). It needs as many K/V heads as query heads."""
+    from minference import vertical_slash_sparse_attention
+
+    kk, vv = _repeat_kv(q, k, v)
+    return lambda: vertical_slash_sparse_attention(q, kk, vv, vertical, slash)
+
+
+def minference_streaming_call(q, k, v, *, sink: int, window: int):
+    """MInference 0.1.6 ``streaming_forward`` (the A-shape: ``sink`` initial keys plus a local
+    window of ``window`` keys). It needs as many K/V heads as query heads."""
+    from minference import streaming_forward
+
+    kk, vv = _repeat_kv(q, k, v)
+    return lambda: streaming_forward(q, kk, vv, sink, window)
+
+
+def fa4_dense_anchor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rep: int) -> Anchor:
+    """Time FA4 dense causal attention on these inputs (its JIT compile in the warm-up)."""
+    try:
+        require_package("fa4")
+    except ProviderUnavailable as e:
+        return Anchor(None, None, str(e))
+    ms = cuda_time_ms(fa4_dense_call(q, k, v), warmup=2, rep=rep)
+    B, H, S, D = q.shape
+    return Anchor(tflops(attention_flops(B, H, causal_pairs(S, S), D), ms / 1e3), ms)
+
+
+def rows_error(
+    out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_rows: torch.Tensor
+) -> float:
+    """Relative (Frobenius) error of ``out``'s last rows of its first heads against float32
+    attention restricted to ``mask_rows`` (bool ``[h, r, S_KV]``: the attended keys of query rows
+    ``S_Q - r .. S_Q - 1`` of heads ``0 .. h-1``). A few hundred rows keep the oracle cheap at
+    1M tokens while covering the op's full key range."""
+    from .attention import masked_attention_reference
+
+    h, r, _ = mask_rows.shape
+    group = q.shape[1] // k.shape[1]
+    if h % group and h > group:
+        raise ValueError(f"rows_error: {h} heads must be a multiple of the GQA group {group}")
+    n_kv = -(-h // group)
+    ref = masked_attention_reference(
+        q[:, :h, -r:], k[:, :n_kv], v[:, :n_kv], mask_rows[None], scale=q.shape[-1] ** -0.5
+    ).out.float()
+    return float((out[:, :h, -r:].float() - ref).norm() / ref.norm())
+
+
+def summary_lines(title: str, results: dict[tuple[str, str], dict], cases: list[str]) -> list[str]:
+    """A compact table: per case, each provider's median ms, ``ours-auto``'s useful rate over
+    FA4's dense rate, and ``ours-auto``'s speed-up over the fastest peer computing the same op
+    (``extra_info["same_op"]``; the dense baselines of sparse suites are left out)."""
+    cols = [p for p in PROVIDERS if any((c, p) in results for c in cases)]
+    lines = [title, f"{'case':<30}" + "".join(f"{p:>12}" for p in cols)
+             + f"{'ours/fa4d':>10}{'best peer':>12}{'speed-up':>9}"]  # fmt: skip
+    for c in cases:
+        row = {p: results[(c, p)] for p in cols if (c, p) in results}
+        if not row:
+            continue
+        line = f"{c:<30}" + "".join(
+            f"{row[p]['median_ms']:12.2f}" if p in row else f"{'-':>12}" for p in cols
+        )
+        ours = row.get("ours-auto")
+        ratio = ours.get("ratio_to_fa4_dense") if ours else None
+        line += f"{ratio:10.2f}" if ratio is not None else f"{'-':>10}"
+        peers = {p: r["median_ms"] for p, r in row.items()
+                 if not p.startswith("ours-") and r.get("same_op")}  # fmt: skip
+        if ours and peers:
+            best = min(peers, key=peers.get)
+            line += f"{best:>12}{peers[best] / ours['median_ms']:9.2f}"
+        lines.append(line)
+    return lines
+
+
+def write_summary(request, lines: list[str]) -> None:
+    """Print ``lines`` in pytest's terminal summary (a module fixture's teardown calls this)."""
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    for line in ["", *lines]:
+        tr.write_line(line) if tr is not None else print(line)

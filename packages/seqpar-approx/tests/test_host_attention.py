@@ -32,10 +32,10 @@ def _case(**kw):
     return base
 
 
-def _step_mask(host, q_seg, k_seg, prefix_len: int, start: int, scale: float) -> torch.Tensor:
+def _step_mask(host, q_seg, k_seg, k_prefix, start: int, scale: float) -> torch.Tensor:
     """``[B, H, L, P + L]`` bool: what the segment's rows attend, host key order (prefix, seg)."""
     B, H, L, _ = q_seg.shape
-    P = prefix_len
+    P = k_prefix.shape[2]
     row = torch.arange(L)[:, None] + P
     col = torch.arange(P + L)[None, :]
     causal = col <= row
@@ -43,11 +43,14 @@ def _step_mask(host, q_seg, k_seg, prefix_len: int, start: int, scale: float) ->
         m = causal
     elif isinstance(host, TriangleHost):
         m = causal & ((col < host.sink) | (row - col < host.window))
-    elif isinstance(host, MMInferenceHost) and host.block >= L:  # one plan block: dense
-        m = causal
     elif isinstance(host, MMInferenceHost):
-        seg = host.plan(q_seg, k_seg, start=start, scale=scale).row_mask(torch.arange(L))
-        return torch.cat([torch.ones(B, H, L, P, dtype=torch.bool), seg], dim=-1)
+        # the prefix selection is checked against plain PyTorch in test_prefix_blocks.py
+        pre = host.prefix_mask(q_seg, k_prefix, scale=scale)
+        if host.block >= L:  # one plan block: the segment is dense
+            seg = causal[:, P:].expand(B, H, L, L)
+        else:
+            seg = host.plan(q_seg, k_seg, start=start, scale=scale).row_mask(torch.arange(L))
+        return torch.cat([pre, seg], dim=-1)
     else:
         raise TypeError(type(host).__name__)
     return m.expand(B, H, L, P + L)
@@ -55,22 +58,23 @@ def _step_mask(host, q_seg, k_seg, prefix_len: int, start: int, scale: float) ->
 
 def _reference_mask(q, k, v, layout, host, scale) -> torch.Tensor:
     """The global ``[B, H, n, n]`` mask of Spava with ``host`` as every host's step."""
-    B, H, n, _ = q.shape
+    B, H, n, D = q.shape
     H_KV = k.shape[1]
     G = H // H_KV
     la, qs = layout.anchor_len, layout.context_end
     mask = torch.zeros(B, H, n, n, dtype=torch.bool)
     mask[..., qs:, :] = torch.ones(n, n, dtype=torch.bool).tril()[qs:]  # query rows: exact
     if la:
-        mask[..., :la, :la] = _step_mask(host, q[:, :, :la], k[:, :, :la], 0, 0, scale)
+        mask[..., :la, :la] = _step_mask(host, q[:, :, :la], k[:, :, :la], k[:, :, :0], 0, scale)
     passed = []  # global positions of the passing keys, per block: [B, H_KV, c]
     for vb in range(layout.num_virtual):
         s, e = layout.block(vb)
+        pre_kv = torch.cat([torch.arange(la).expand(B, H_KV, la), *passed], dim=-1)
+        k_pre = k.gather(2, pre_kv[..., None].expand(-1, -1, -1, D))
         prefix = torch.cat(
-            [torch.arange(la).expand(B, H_KV, la), *passed, torch.arange(s, e).expand(B, H_KV, -1)],
-            dim=-1,
+            [pre_kv, torch.arange(s, e).expand(B, H_KV, -1)], dim=-1
         ).repeat_interleave(G, dim=1)  # host key order -> global key, per query head
-        local = _step_mask(host, q[:, :, s:e], k[:, :, s:e], prefix.shape[-1] - (e - s), s, scale)
+        local = _step_mask(host, q[:, :, s:e], k[:, :, s:e], k_pre, s, scale)
         idx = prefix[:, :, None, :].expand(-1, -1, e - s, -1)
         mask[:, :, s:e].scatter_(-1, idx, local)
         _, _, sel = select_essential(
@@ -85,6 +89,9 @@ STEPS = {
     "triangle-sink0-win1": dict(host="triangle", sink=0, window=1),
     "mminference-mixed-heads": dict(host="mminference"),
 }
+# MMInference with a block selection over the prefix: prefixes of several 64-key blocks
+PREFIX_STEP = dict(host="mminference", prefix_top_k=2)
+PREFIX_SHAPE = dict(n=600, query_len=7, anchor_len=70, passing_len=40)
 
 
 @pytest.mark.parametrize("step", list(STEPS))
@@ -96,8 +103,16 @@ STEPS = {
     ],
 )
 def test_simulation_attends_exactly_the_composed_mask(step, shape):
-    case = _case(seed=3, **shape, **STEPS[step])
-    layout, cfg = case_layout(case, 2)
+    _check_composed_mask(_case(seed=3, **shape, **STEPS[step]))
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_simulation_with_sparse_prefix_attends_exactly_the_composed_mask(hosts):
+    _check_composed_mask(_case(seed=6, **PREFIX_SHAPE, **PREFIX_STEP), hosts)
+
+
+def _check_composed_mask(case, hosts=2):
+    layout, cfg = case_layout(case, hosts)
     q, k, v = make_full_qkv(case)
     host = case_host_attention(case)
     scale = q.shape[-1] ** -0.5
@@ -179,6 +194,10 @@ CASES = {
     "policy-dense-layer": _case(**SHAPE, host="policy", sink=3, window=9, layer=0, seed=14),
     "policy-dynamic-layer": _case(**SHAPE, host="policy", sink=3, window=9, layer=1, seed=14),
     "policy-triangle-layer": _case(**SHAPE, host="policy", sink=3, window=9, layer=2, seed=14),
+    "mminference-sparse-prefix": _case(**PREFIX_SHAPE, **PREFIX_STEP, seed=15),
+    "policy-dynamic-layer-sparse-prefix": _case(
+        **PREFIX_SHAPE, **dict(PREFIX_STEP, host="policy"), sink=3, window=9, layer=1, seed=16
+    ),
 }
 
 

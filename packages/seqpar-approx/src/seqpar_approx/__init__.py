@@ -14,6 +14,7 @@ from .host_attention import (
 )
 from .layout import SpavaLayout, build_layout, even_split, ring_layout, split_frames
 from .methods import METHODS, layout_for
+from .prefix_blocks import PrefixBlocks
 from .spava import (
     essential_scores,
     select_essential,
@@ -30,6 +31,7 @@ __all__ = [
     "HostSparsity",
     "METHODS",
     "MMInferenceHost",
+    "PrefixBlocks",
     "SECTIONS",
     "SectionTimer",
     "SpavaConfig",

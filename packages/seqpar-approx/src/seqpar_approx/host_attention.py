@@ -15,13 +15,14 @@ A step is any :class:`HostAttention`. The three here, and exactly what a row att
   ``sparse_kernels.triangle_attention`` with ``last=0`` on the concatenation: the first ``sink``
   keys (the start of the anchor) and the ``window`` keys ending at the diagonal. The dense
   "last rows" of TriangleMix are Spava's query block, which stays exact outside these steps.
-* :class:`MMInferenceHost`: every prefix key (the anchor and the passing blocks are the keys
-  Spava kept on purpose) and, over the segment's own keys, the plan of a
+* :class:`MMInferenceHost`: the prefix keys (all of them, or with ``prefix=PrefixBlocks(...)``
+  the key blocks that ``seqpar_approx.prefix_blocks`` selects per head) and, over the segment's
+  own keys, the plan of a
   ``sparse_patterns.MMInferencePlanner`` for the layer's per-head patterns, estimated on the segment's
   rows with the global modality of its tokens (``token_layout[start : start + S]``). The two
   partials are merged by LSE, so the result is exact for that key set. A segment of at most
-  ``block`` rows (one block of the plan, e.g. a short anchor) attends its own keys densely:
-  there is nothing to estimate at that size.
+  ``block`` rows (one block of the plan, e.g. a short anchor) attends its own keys densely
+  (causally): there is nothing to estimate at that size.
 
 :class:`HostSparsity` picks the step of each layer from a ``PatternConfig`` (MMInference) and/or a
 ``LayerPolicy`` (TriangleMix: ``"dense"``, ``"triangle"``/``"streaming"``, and ``"dynamic"`` =
@@ -37,6 +38,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from sparse_kernels import AttentionOutput, attention, merge_attention, triangle_attention
 
+from .prefix_blocks import PrefixBlocks
 from .timing import SectionTimer, section
 
 
@@ -125,7 +127,8 @@ class TriangleHost:
 
 @dataclass(frozen=True)
 class MMInferenceHost:
-    """Dense over the prefix, MMInference's per-head plan over the segment, merged by LSE.
+    """The prefix (dense, or ``prefix``'s blocks), MMInference's per-head plan over the
+    segment, merged by LSE.
 
     ``heads``: one ``HeadConfig`` per query head (a ``PatternConfig`` layer).
     ``token_layout``: the global ``sparse_patterns.TokenLayout`` of the whole sequence (None: all
@@ -133,12 +136,14 @@ class MMInferenceHost:
     that plans the segments, of block size ``block`` (None: one made for this host); a
     :class:`HostSparsity` gives every layer's host its own one, so that what the planner keeps
     per shape (the Grid heads' CUDA graphs) serves every layer.
+    ``prefix``: a :class:`~seqpar_approx.prefix_blocks.PrefixBlocks` (None: every prefix key).
     """
 
     heads: tuple
     token_layout: object = None
     block: int = 64
     planner: object = field(default=None, compare=False, repr=False)
+    prefix: PrefixBlocks | None = None
 
     def __post_init__(self) -> None:
         sp = _require("sparse_patterns")
@@ -171,6 +176,11 @@ class MMInferenceHost:
                 f"MMInferenceHost.planner: expected a planner of block {self.block}, got block "
                 f"{self.planner.block}"
             )
+        if self.prefix is not None and not isinstance(self.prefix, PrefixBlocks):
+            raise TypeError(
+                f"MMInferenceHost.prefix: expected a PrefixBlocks or None, got "
+                f"{type(self.prefix).__name__}"
+            )
 
     def segment_layout(self, start: int, length: int):
         """The ``TokenLayout`` of global rows ``[start, start + length)`` (None: all text)."""
@@ -192,6 +202,14 @@ class MMInferenceHost:
         lay = self.segment_layout(start, q.shape[2])
         return self.planner.plan(q, k, self.heads, lay, scale=scale)
 
+    def prefix_mask(self, q: torch.Tensor, k_prefix: torch.Tensor, *, scale: float) -> torch.Tensor:
+        """``[B, H, S, P]`` bool: the prefix keys each of the segment's rows attends."""
+        B, H, S, _ = q.shape
+        P = k_prefix.shape[2]
+        if self.prefix is None:
+            return torch.ones(B, H, S, P, dtype=torch.bool, device=q.device)
+        return self.prefix.row_mask(self.prefix.select(q, k_prefix, scale=scale), S, P)
+
     def _check_heads(self, q: torch.Tensor) -> None:
         if len(self.heads) != q.shape[1]:
             raise ValueError(
@@ -203,14 +221,23 @@ class MMInferenceHost:
         self, q, k, v, k_prefix, v_prefix, *, start, scale, impl, timer=None
     ) -> AttentionOutput:
         self._check_heads(q)
-        if q.shape[2] <= self.block:
+        short = q.shape[2] <= self.block
+        if short and self.prefix is None:
             return DENSE(q, k, v, k_prefix, v_prefix, start=start, scale=scale, impl=impl)
-        with section(timer, "estimation"):
-            plan = self.plan(q, k, start=start, scale=scale)
-        seg = plan.run(q, k, v, scale=scale, impl=impl)
+        if short:
+            seg = attention(q, k, v, causal=True, scale=scale, impl=impl)
+        else:
+            with section(timer, "estimation"):
+                plan = self.plan(q, k, start=start, scale=scale)
+            seg = plan.run(q, k, v, scale=scale, impl=impl)
         if k_prefix.shape[2] == 0:
             return seg
-        pre = attention(q, k_prefix, v_prefix, causal=False, scale=scale, impl=impl)
+        if self.prefix is None:
+            pre = attention(q, k_prefix, v_prefix, causal=False, scale=scale, impl=impl)
+        else:
+            with section(timer, "estimation"):
+                sel = self.prefix.select(q, k_prefix, scale=scale)
+            pre = self.prefix.attend(q, k_prefix, v_prefix, sel, scale=scale, impl=impl)
         return merge_attention([seg.out, pre.out], [seg.lse, pre.lse], impl=impl)
 
 
@@ -223,12 +250,15 @@ class HostSparsity:
       layers :class:`TriangleHost` (``policy.sink``, ``policy.window``).
     * both: the policy, with its ``"dynamic"`` layers running MMInference.
 
-    ``patterns`` is a ``sparse_patterns.PatternConfig``; ``policy`` a ``triangle_mix.LayerPolicy``.
+    ``patterns`` is a ``sparse_patterns.PatternConfig``; ``policy`` a ``triangle_mix.LayerPolicy``;
+    ``prefix``: the :class:`~seqpar_approx.prefix_blocks.PrefixBlocks` of the MMInference layers
+    (None: they attend every prefix key).
     """
 
     patterns: object = None
     policy: object = None
     block: int = 64
+    prefix: PrefixBlocks | None = None
 
     def __post_init__(self) -> None:
         PatternConfig = _require("sparse_patterns").PatternConfig
@@ -249,6 +279,16 @@ class HostSparsity:
             raise ValueError(
                 "HostSparsity: the policy has 'dynamic' layers, expected patterns (a "
                 "PatternConfig) for them, got None"
+            )
+        if self.prefix is not None and not isinstance(self.prefix, PrefixBlocks):
+            raise TypeError(
+                f"HostSparsity.prefix: expected a PrefixBlocks or None, got "
+                f"{type(self.prefix).__name__}"
+            )
+        if self.prefix is not None and self.patterns is None:
+            raise ValueError(
+                "HostSparsity: prefix is the MMInference layers' setting, expected patterns (a "
+                "PatternConfig) with it, got None"
             )
         both = self.policy is not None and self.patterns is not None
         if both and self.policy.num_layers != self.patterns.num_layers:
@@ -275,7 +315,7 @@ class HostSparsity:
             return TriangleHost(sink=self.policy.sink, window=self.policy.window)
         return MMInferenceHost(
             self.patterns.layer(layer_idx), token_layout=token_layout, block=self.block,
-            planner=self.planner,
+            planner=self.planner, prefix=self.prefix,
         )  # fmt: skip
 
     @functools.cached_property

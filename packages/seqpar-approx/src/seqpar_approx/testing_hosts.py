@@ -5,11 +5,14 @@ ranks and the single-process reference build the same step.
 (mixed per-head patterns on a text / video / text layout) or ``"policy"`` (TriangleMix with
 MMInference shallow layers: layer kinds ``dense, dynamic, triangle``; ``case["layer"]`` picks
 one). ``case["block"]``: the MMInference plan's block (default 8; >= 16 for Triton).
+``case["prefix_top_k"]``: MMInference layers select that many 64-key blocks of their prefix
+(:class:`PrefixBlocks`, estimated from the last 8 rows; absent: every prefix key).
 """
 
 from __future__ import annotations
 
 from .host_attention import DENSE, HostAttention, HostSparsity, MMInferenceHost, TriangleHost
+from .prefix_blocks import PrefixBlocks
 
 POLICY_KINDS = ("dense", "dynamic", "triangle")
 
@@ -44,9 +47,11 @@ def case_host_attention(case: dict) -> HostAttention:
     if kind == "triangle":
         return TriangleHost(sink=case["sink"], window=case["window"])
     layout = case_token_layout(case["n"])
+    top_k = case.get("prefix_top_k")
+    prefix = None if top_k is None else PrefixBlocks(top_k=top_k, last_q=8)
     if kind == "mminference":
         return MMInferenceHost(
-            case_heads(case["H"]), token_layout=layout, block=case.get("block", 8)
+            case_heads(case["H"]), token_layout=layout, block=case.get("block", 8), prefix=prefix
         )
     if kind == "policy":
         from sparse_patterns import PatternConfig
@@ -60,7 +65,9 @@ def case_host_attention(case: dict) -> HostAttention:
             layers=(heads,) * len(POLICY_KINDS),
         )
         policy = LayerPolicy(POLICY_KINDS, sink=case["sink"], window=case["window"])
-        sparsity = HostSparsity(patterns=patterns, policy=policy, block=case.get("block", 8))
+        sparsity = HostSparsity(
+            patterns=patterns, policy=policy, block=case.get("block", 8), prefix=prefix
+        )
         return sparsity.for_layer(case["layer"], layout)
     raise ValueError(f"host: expected 'dense', 'triangle', 'mminference' or 'policy', got {kind!r}")
 

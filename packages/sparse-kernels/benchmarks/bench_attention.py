@@ -1,88 +1,117 @@
-"""Dense attention: ours vs SDPA (cuDNN, flash) vs FlexAttention, Qwen2.5-7B shape, causal, bf16."""
+"""Dense causal attention, Qwen2.5-VL-7B shape (B=1, H=28, H_KV=4, D=128, bf16): our op on each
+engine vs FlashAttention-4, FlexAttention (Triton and FA4 backends) and cuDNN SDPA.
+
+Every provider gets the same tensors; its output is checked against a float32 oracle (the last
+256 rows of two heads) before it is timed. ``extra_info`` holds useful TFLOP/s and
+``ratio_to_fa4_dense`` (FA4's dense rate, measured once per length in this process).
+Run: ``python3 -m pytest packages/sparse-kernels/benchmarks/bench_attention.py --benchmark-only -s``
+(lengths: ``SPARSE_KERNELS_BENCH_SEQS=32K,128K,512K,1M``; default 32K,128K).
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 from sparse_kernels import attention
-from sparse_kernels.benchmarking import attention_flops, causal_pairs, record, run_benchmark
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from sparse_kernels.benchmark_providers import (
+    PROVIDERS,
+    QWEN25_VL_7B,
+    REL_TOL,
+    ProviderUnavailable,
+    causal_rows_mask,
+    fa4_dense_anchor,
+    fa4_dense_call,
+    first_call,
+    flex_call,
+    ours_impl,
+    qwen_inputs,
+    require_package,
+    rows_error,
+    summary_lines,
+    write_summary,
+)
+from sparse_kernels.benchmarking import (
+    attention_flops,
+    bench_rounds,
+    bench_seqs,
+    causal_pairs,
+    cudnn_causal,
+    record,
+    run_benchmark,
+)
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = {  # name: (B, H, H_KV, S, D)
-    "qwen2.5-7b-8K": (1, 28, 4, 8192, 128),
-    "qwen2.5-7b-32K": (1, 28, 4, 32768, 128),
-    "qwen2.5-7b-128K": (1, 28, 4, 131072, 128),
-}
-PROVIDERS = ["ours", "sdpa-cudnn", "sdpa-flash", "flex"]
+B, H, H_KV, D = QWEN25_VL_7B
+SEQS = bench_seqs(os.environ.get("SPARSE_KERNELS_BENCH_SEQS"))
+_RESULTS: dict[tuple[str, str], dict] = {}
 
 
 @functools.cache
-def _inputs(name):
-    B, H, H_KV, S, D = SHAPES[name]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, H_KV, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, H_KV, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    return q, k, v
+def _inputs(S):
+    return qwen_inputs(S)
+
+
+@functools.cache
+def _anchor(S):
+    return fa4_dense_anchor(*_inputs(S), rep=bench_rounds(S)["rounds"])
+
+
+@functools.cache
+def _causal_block_mask(S):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    # _compile=True builds the block mask without materialising the S x S mask (128K would OOM).
+    return create_block_mask(
+        lambda b, h, i, j: j <= i, None, None, S, S, device="cuda", _compile=True
+    )
 
 
 def _provider(name, q, k, v):
-    if name == "ours":
-        return lambda: attention(q, k, v, causal=True).out
-    if name.startswith("sdpa"):
-        backend = {
-            "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
-            "sdpa-flash": SDPBackend.FLASH_ATTENTION,
-        }[name]
-        rep = q.shape[1] // k.shape[1]
-        # SDPA's fused backends need equal head counts here; the repeat is outside the timed call.
-        kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-
-        def run():
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, kk, vv, is_causal=True)
-
-        return run
-    if name == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        S = q.shape[2]
-        # _compile=True builds the block mask without materialising the S x S mask (128K would OOM).
-        bm = create_block_mask(
-            lambda b, h, i, j: j <= i, None, None, S, S, device="cuda", _compile=True
-        )
-        flex = torch.compile(flex_attention, dynamic=False)
-        return lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
+    if name == "minference":
+        raise ProviderUnavailable("minference: MInference 0.1.6 has no dense attention op")
+    if name.startswith("ours-"):
+        impl = ours_impl(name)
+        return lambda: attention(q, k, v, causal=True, impl=impl).out
+    require_package(name)
+    if name == "fa4":
+        return fa4_dense_call(q, k, v)
+    if name.startswith("flex-"):
+        return flex_call(q, k, v, _causal_block_mask(q.shape[2]), name)
+    if name == "cudnn":
+        return cudnn_causal(q, k, v)
     raise ValueError(name)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _table(request):
+    yield
+    title = "dense causal attention (bf16, B=1 H=28 H_KV=4 D=128), median ms"
+    write_summary(request, summary_lines(title, _RESULTS, list(SEQS)))
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_dense_attention(benchmark, shape, provider):
-    q, k, v = _inputs(shape)
-    B, H, H_KV, S, D = SHAPES[shape]
-    fn = _provider(provider, q, k, v)
-    # Correctness on the benchmark shape before timing (against cuDNN SDPA on a slice of heads).
-    out = fn()
-    ref = F.scaled_dot_product_attention(
-        q[:, :4], k[:, :1].expand(-1, 4, -1, -1), v[:, :1].expand(-1, 4, -1, -1), is_causal=True
-    )
-    err = ((out[:, :4].float() - ref.float()).norm() / ref.float().norm()).item()
-    assert err < 2e-2, f"{provider}: relative error {err:.2e} on the benchmark shape"
+@pytest.mark.parametrize("seq", list(SEQS))
+def test_dense_attention(benchmark, seq, provider):
+    S = SEQS[seq]
+    q, k, v = _inputs(S)
+    anchor = _anchor(S)
+    try:
+        fn = _provider(provider, q, k, v)
+        out = first_call(provider, fn)
+    except ProviderUnavailable as e:
+        pytest.skip(str(e))
+    err = rows_error(out, q, k, v, causal_rows_mask(S, q.device))
+    assert err < REL_TOL, f"{provider}: relative error {err:.2e} on the benchmark shape"
     del out
     torch.cuda.reset_peak_memory_stats()
-    run_benchmark(benchmark, fn, rounds=5 if S >= 131072 else 10)
+    run_benchmark(benchmark, fn, **bench_rounds(S))
     flops = attention_flops(B, H, causal_pairs(S, S), D)
     record(
-        benchmark,
-        flops_dense=flops,
-        flops_useful=flops,
-        provider=provider,
-        shape=shape,
-        rel_err=err,
-    )
+        benchmark, flops_dense=flops, flops_useful=flops, anchor=anchor,
+        provider=provider, seq=seq, shape=f"qwen2.5-vl-7b-{seq}", rel_err=err, same_op=True,
+    )  # fmt: skip
+    _RESULTS[(seq, provider)] = dict(benchmark.extra_info)

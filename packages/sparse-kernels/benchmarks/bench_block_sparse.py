@@ -1,11 +1,16 @@
-"""Block-sparse attention vs our dense attention and vs FlexAttention on the same BlockMask.
+"""Block-sparse attention, Qwen2.5-VL-7B shape (B=1, H=28, H_KV=4, D=128, bf16, causal):
+our op on each engine vs FlashAttention-4 and FlexAttention (Triton and FA4 backends) on the
+same BlockMask, with cuDNN dense SDPA as the dense baseline.
 
-Qwen2.5-7B head shape (B=1, H=28, H_KV=4, D=128), bf16, causal, per-head random block masks
-over the causal block triangle (diagonal always kept) at 10% and 30% density, 128x128 blocks.
-Blocks strictly below the diagonal are listed as full, diagonal blocks as partial (FlexAttention
-evaluates its causal ``mask_mod`` there), so both ops attend exactly the same pairs.
-Run: ``nox -s bench -- packages/sparse-kernels/benchmarks/bench_block_sparse.py`` (add ``-s``
-for the compact table; it is also written to the terminal summary).
+Per-head random block masks over the causal block triangle (diagonal always kept) at 10% and
+30% of the causal 128x128 blocks. Blocks strictly below the diagonal are listed as full,
+diagonal blocks as partial (FlexAttention evaluates its causal ``mask_mod`` there, FA4 and ours
+apply the causal rule), so every provider attends exactly the same pairs. Outputs are checked
+against a float32 oracle (the last 256 rows of two heads) before timing; ``extra_info`` holds
+useful TFLOP/s on the listed pairs and ``ratio_to_fa4_dense`` (FA4's dense causal rate at the
+same length, measured once per length in this process).
+Run: ``python3 -m pytest packages/sparse-kernels/benchmarks/bench_block_sparse.py --benchmark-only
+-s`` (lengths: ``SPARSE_KERNELS_BENCH_SEQS=32K,128K,512K,1M``; default 32K,128K).
 """
 
 from __future__ import annotations
@@ -15,10 +20,31 @@ import os
 
 import pytest
 import torch
-from sparse_kernels import attention, block_sparse_attention
+from sparse_kernels import block_sparse_attention
+from sparse_kernels.benchmark_providers import (
+    ORACLE_HEADS,
+    ORACLE_ROWS,
+    PROVIDERS,
+    QWEN25_VL_7B,
+    REL_TOL,
+    ProviderUnavailable,
+    causal_rows_mask,
+    fa4_block_sparse_call,
+    fa4_dense_anchor,
+    first_call,
+    flex_call,
+    ours_impl,
+    qwen_inputs,
+    require_package,
+    rows_error,
+    summary_lines,
+    write_summary,
+)
 from sparse_kernels.benchmarking import (
     attention_flops,
     bench_rounds,
+    bench_seqs,
+    block_list_pairs,
     causal_pairs,
     cudnn_causal,
     record,
@@ -27,23 +53,22 @@ from sparse_kernels.benchmarking import (
 
 pytestmark = pytest.mark.gpu
 
-B, H, H_KV, D = 1, 28, 4, 128
+B, H, H_KV, D = QWEN25_VL_7B
 BLOCK = 128
-ALL_SEQS = {"32K": 32768, "128K": 131072, "512K": 524288, "1M": 1048576}
-# SPARSE_KERNELS_BENCH_SEQS=32K,128K,512K picks lengths (default 32K,128K).
-SEQS = {n: ALL_SEQS[n] for n in os.environ.get("SPARSE_KERNELS_BENCH_SEQS", "32K,128K").split(",")}
+SEQS = bench_seqs(os.environ.get("SPARSE_KERNELS_BENCH_SEQS"))
 DENSITIES = [0.1, 0.3]
-PROVIDERS = ["dense-ours", "sdpa-cudnn", "ours", "flex"]
-_RESULTS: dict[tuple[str, float, str], dict] = {}
+DENSE = ("cudnn",)  # dense baselines: timed once per length, not the same op
+_RESULTS: dict[tuple[str, str], dict] = {}
 
 
 @functools.cache
 def _inputs(S):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, H_KV, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, H_KV, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    return q, k, v
+    return qwen_inputs(S)
+
+
+@functools.cache
+def _anchor(S):
+    return fa4_dense_anchor(*_inputs(S), rep=bench_rounds(S)["rounds"])
 
 
 # From this many blocks per row on (1M tokens), the lists are built one head at a time and cut to
@@ -71,8 +96,8 @@ def _lists(sel):
 
 @functools.cache
 def _mask(S, density):
-    """(BlockMask, attended pairs of all heads, listed fraction) for a random per-head causal
-    block pattern."""
+    """(BlockMask, attended pairs of all heads, listed fraction, the oracle rows' mask) for a
+    random per-head causal block pattern."""
     from torch.nn.attention.flex_attention import BlockMask
 
     nb = S // BLOCK
@@ -98,26 +123,47 @@ def _mask(S, density):
         pn, pi, fn, fi, BLOCK_SIZE=BLOCK, mask_mod=causal, seq_lengths=(S, S),
         compute_q_blocks=not lean,
     )  # fmt: skip
-    # attended (query, key) pairs summed over (batch, head)
-    pairs = int(sel.sum()) * BLOCK * BLOCK + B * H * nb * BLOCK * (BLOCK + 1) // 2
+    # attended (query, key) pairs summed over (batch, head), counted from the lists themselves
+    kw = dict(seq_len_q=S, seq_len_kv=S, block_m=BLOCK, block_n=BLOCK, causal=True)
+    pairs = block_list_pairs(pn, pi, **kw) + block_list_pairs(fn, fi, **kw)
     listed = (int(sel.sum()) + B * H * nb) / (B * H * nb * (nb + 1) / 2)
-    return bm, pairs, listed
+    # the oracle rows (the last query blocks of the first heads): listed blocks, then causal
+    tail = nb - ORACLE_ROWS // BLOCK
+    blocks = sel[0, :ORACLE_HEADS, tail:] | diag[tail:]
+    keys = blocks.repeat_interleave(BLOCK, 1).repeat_interleave(BLOCK, 2)
+    rows = keys & causal_rows_mask(S, "cuda")
+    return bm, pairs, listed, rows
 
 
 def _provider(name, q, k, v, bm):
-    if name == "dense-ours":
-        return lambda: attention(q, k, v, causal=True).out
-    if name == "ours":
-        # the mask was validated once below; the timed call skips the index checks
-        return lambda: block_sparse_attention(q, k, v, bm, causal=True, check_indices=False).out
-    if name == "flex":
-        from torch.nn.attention.flex_attention import flex_attention
-
-        flex = torch.compile(flex_attention, dynamic=False)
-        return lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
-    if name == "sdpa-cudnn":
+    if name == "minference":
+        raise ProviderUnavailable(
+            "minference: MInference's block_sparse_attention picks its own top-k blocks; none of "
+            "its ops takes a given block list"
+        )
+    if name.startswith("ours-"):
+        impl = ours_impl(name)
+        # the lists are valid by construction; the timed call skips the index checks
+        return lambda: (
+            block_sparse_attention(q, k, v, bm, causal=True, impl=impl, check_indices=False).out
+        )
+    require_package(name)
+    if name == "fa4":
+        return fa4_block_sparse_call(q, k, v, bm)
+    if name.startswith("flex-"):
+        if q.shape[2] // BLOCK >= LEAN_NB:
+            raise ProviderUnavailable(
+                f"{name}: FlexAttention needs the q-side block lists, which do not fit at this "
+                "length"
+            )
+        return flex_call(q, k, v, bm, name)
+    if name == "cudnn":
         return cudnn_causal(q, k, v)
     raise ValueError(name)
+
+
+def _case(seq, density):
+    return f"{seq}-dens{density}"
 
 
 def _chosen_config(q: torch.Tensor, k: torch.Tensor) -> str:
@@ -137,36 +183,9 @@ def _chosen_config(q: torch.Tensor, k: torch.Tensor) -> str:
 @pytest.fixture(scope="module", autouse=True)
 def _table(request):
     yield
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    lines = [
-        "block_sparse (bf16, B=1 H=28 H_KV=4 D=128, 128x128 blocks, causal)",
-        f"{'S':>5} {'dens':>5} {'ours ms':>9} {'flex ms':>9} {'dense ms':>9} "
-        f"{'ours/flex':>9} {'useful TF':>9} {'dense TF':>9} {'TF ratio':>8} {'cudnn ms':>9} "
-        f"{'cudnn/ours':>10}",
-    ]
-    for s in SEQS:
-        for d in DENSITIES:
-            r = {p: _RESULTS.get((s, d, p)) for p in PROVIDERS}
-            if r["ours"] is None:
-                continue
-            ours, flex, dense = r["ours"], r["flex"], r["dense-ours"]
-            fl = f"{flex['median_ms']:9.2f}" if flex else f"{'-':>9}"
-            de = f"{dense['median_ms']:9.2f}" if dense else f"{'-':>9}"
-            sp = f"{flex['median_ms'] / ours['median_ms']:9.2f}" if flex else f"{'-':>9}"
-            dtf = dense["useful_tflops"] if dense else float("nan")
-            cu = r["sdpa-cudnn"]["median_ms"] if r["sdpa-cudnn"] else float("nan")
-            lines.append(
-                f"{s:>5} {d:5.2f} {ours['median_ms']:9.2f} {fl} {de} {sp} "
-                f"{ours['useful_tflops']:9.1f} {dtf:9.1f} {ours['useful_tflops'] / dtf:8.2f} "
-                f"{cu:9.2f} {cu / ours['median_ms']:10.2f}"
-            )
-    text = "\n".join(lines)
-    if tr is not None:
-        tr.write_line("")
-        for line in lines:
-            tr.write_line(line)
-    else:
-        print(text)
+    title = "block_sparse (bf16, B=1 H=28 H_KV=4 D=128, 128x128 blocks, causal), median ms"
+    cases = [_case(s, d) for s in SEQS for d in DENSITIES]
+    write_summary(request, summary_lines(title, _RESULTS, cases))
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -174,41 +193,39 @@ def _table(request):
 @pytest.mark.parametrize("seq", list(SEQS))
 def test_block_sparse(benchmark, seq, density, provider):
     S = SEQS[seq]
-    if provider == "flex" and S // BLOCK >= LEAN_NB:
-        pytest.skip("FlexAttention needs the q-side block lists, which do not fit at this length")
-    q, k, v = _inputs(S)
-    bm, pairs, listed = _mask(S, density)
-    if provider in ("dense-ours", "sdpa-cudnn") and density != DENSITIES[0]:
-        # one dense timing per length is enough; reuse it for the other densities
-        prev = _RESULTS.get((seq, DENSITIES[0], provider))
+    if provider in DENSE and density != DENSITIES[0]:
+        prev = _RESULTS.get((_case(seq, DENSITIES[0]), provider))
         if prev is not None:
-            _RESULTS[(seq, density, provider)] = prev
-        pytest.skip("dense timed once per length")
-    fn = _provider(provider, q, k, v, bm)
-    out = fn()
-    if provider not in ("dense-ours", "sdpa-cudnn"):
-        # Correctness on the benchmark shape: ours vs flex on a few heads.
-        ref = block_sparse_attention(q, k, v, bm, causal=True, check_indices=True).out
-        if provider == "flex":
-            err = (out[:, :4].float() - ref[:, :4].float()).norm() / ref[:, :4].float().norm()
-            assert err.item() < 2e-2, f"flex vs ours relative error {err.item():.2e}"
+            _RESULTS[(_case(seq, density), provider)] = prev
+        pytest.skip("dense baseline: timed once per length")
+    q, k, v = _inputs(S)
+    anchor = _anchor(S)
+    bm, pairs, listed, rows = _mask(S, density)
+    try:
+        fn = _provider(provider, q, k, v, bm)
+        out = first_call(provider, fn)
+    except ProviderUnavailable as e:
+        pytest.skip(str(e))
+    dense = provider in DENSE
+    err = rows_error(out, q, k, v, causal_rows_mask(S, q.device) if dense else rows)
+    assert err < REL_TOL, f"{provider}: relative error {err:.2e} on the benchmark shape"
     del out
     torch.cuda.reset_peak_memory_stats()
     run_benchmark(benchmark, fn, **bench_rounds(S))
-    dense = provider in ("dense-ours", "sdpa-cudnn")
-    # pairs is summed over (batch, head); causal_pairs is per head
-    useful = (
-        attention_flops(B, H, causal_pairs(S, S), D) if dense else attention_flops(1, 1, pairs, D)
-    )
+    flops_dense = attention_flops(B, H, causal_pairs(S, S), D)
     record(
         benchmark,
-        flops_dense=attention_flops(B, H, causal_pairs(S, S), D),
-        flops_useful=useful,
+        flops_dense=flops_dense,
+        # pairs is summed over (batch, head); causal_pairs is per head
+        flops_useful=flops_dense if dense else attention_flops(1, 1, pairs, D),
+        anchor=anchor,
         provider=provider,
         seq=seq,
         density=density,
         listed_block_fraction=listed,
         block=BLOCK,
-        config=_chosen_config(q, k) if provider == "ours" else None,
+        rel_err=err,
+        same_op=not dense,
+        config=_chosen_config(q, k) if provider == "ours-triton" else None,
     )
-    _RESULTS[(seq, density, provider)] = dict(benchmark.extra_info)
+    _RESULTS[(_case(seq, density), provider)] = dict(benchmark.extra_info)

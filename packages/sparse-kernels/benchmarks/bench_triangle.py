@@ -1,117 +1,117 @@
-"""Triangle attention (sink 8, window 512, last 128): ours vs FlexAttention (same mask) vs cuDNN dense."""
+"""Triangle and A-shape attention, Qwen2.5-VL-7B shape (B=1, H=28, H_KV=4, D=128, bf16): our op
+on each engine vs FlexAttention (Triton and FA4 backends) on the same mask and, for the A-shape,
+MInference 0.1.6 ``streaming_forward``; FA4 and cuDNN dense causal attention as the dense
+baselines.
+
+Configs ``(sink, window, last)``: (8, 512, 128) and (128, 4096, 128). Triangle: row ``i``
+attends ``j <= i`` with ``j < sink`` or ``i - j < window``, and the last ``last`` rows attend
+every ``j <= i``; the A-shape is the same with ``last = 0`` (what ``streaming_forward(n_init=sink,
+n_local=window)`` computes; MInference gets K/V repeated to 28 heads once, outside the timed
+call: it has no GQA). Outputs are checked against a float32 oracle (the last 256 rows of two
+heads) before timing; useful TFLOP/s counts the mask's pairs, ``ratio_to_fa4_dense`` divides it
+by FA4's dense causal rate at the same length (measured once per length in this process).
+Run: ``python3 -m pytest packages/sparse-kernels/benchmarks/bench_triangle.py --benchmark-only
+-s`` (lengths: ``SPARSE_KERNELS_BENCH_SEQS=32K,128K,512K,1M``; default 32K,128K).
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
-import torch.nn.functional as F
-from sparse_kernels import triangle_attention
-from sparse_kernels.benchmarking import attention_flops, causal_pairs, record, run_benchmark
-from sparse_kernels.triangle import triangle_attention_reference
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from sparse_kernels import a_shape_attention, triangle_attention
+from sparse_kernels.benchmark_providers import (
+    FLEX_RECOMPILE_LIMIT,
+    ORACLE_HEADS,
+    ORACLE_ROWS,
+    PROVIDERS,
+    QWEN25_VL_7B,
+    REL_TOL,
+    ProviderUnavailable,
+    causal_rows_mask,
+    fa4_dense_anchor,
+    fa4_dense_call,
+    first_call,
+    flex_call,
+    minference_streaming_call,
+    ours_impl,
+    qwen_inputs,
+    require_package,
+    rows_error,
+    summary_lines,
+    write_summary,
+)
+from sparse_kernels.benchmarking import (
+    attention_flops,
+    bench_rounds,
+    bench_seqs,
+    causal_pairs,
+    cudnn_causal,
+    record,
+    run_benchmark,
+    triangle_pairs,
+)
+from sparse_kernels.triangle.reference import triangle_mask
 
 pytestmark = pytest.mark.gpu
 
-SINK, WINDOW, LAST = 8, 512, 128
-SHAPES = {  # name: (B, H, H_KV, S, D)
-    "qwen2.5-7b-32K": (1, 28, 4, 32768, 128),
-    "qwen2.5-7b-128K": (1, 28, 4, 131072, 128),
-    "qwen2.5-7b-512K": (1, 28, 4, 524288, 128),
-    "qwen2.5-7b-1M": (1, 28, 4, 1048576, 128),
-    "llama3.1-8b-32K": (1, 32, 8, 32768, 128),
-    "llama3.1-8b-64K": (1, 32, 8, 65536, 128),
-    "llama3.1-8b-128K": (1, 32, 8, 131072, 128),
-}
-PROVIDERS = ["ours", "flex", "cudnn-dense"]
+B, H, H_KV, D = QWEN25_VL_7B
+SEQS = bench_seqs(os.environ.get("SPARSE_KERNELS_BENCH_SEQS"))
+CONFIGS = {"s8-w512-l128": (8, 512, 128), "s128-w4096-l128": (128, 4096, 128)}
+PATTERNS = ["triangle", "a-shape"]
+DENSE = ("fa4", "cudnn")  # dense baselines: timed once per length, not the same op
+_RESULTS: dict[tuple[str, str], dict] = {}
 
 
 @functools.cache
-def _inputs(name):
-    B, H, H_KV, S, D = SHAPES[name]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    mk = lambda h: torch.randn(B, h, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    return mk(H), mk(H_KV), mk(H_KV)
+def _inputs(S):
+    return qwen_inputs(S)
 
 
-def _useful_pairs(S: int) -> int:
-    dense_rows = min(LAST, S)
-    a_rows = S - dense_rows
-    # A-shape rows: min(i+1, window) local keys plus the sink keys outside the window.
-    local = (
-        sum(min(i + 1, WINDOW) for i in range(min(a_rows, WINDOW)))
-        + max(0, a_rows - WINDOW) * WINDOW
-    )
-    sink_extra = max(0, a_rows - WINDOW) * SINK
-    dense = causal_pairs(S, S) - causal_pairs(a_rows, a_rows)
-    return local + sink_extra + dense
+@functools.cache
+def _anchor(S):
+    return fa4_dense_anchor(*_inputs(S), rep=bench_rounds(S)["rounds"])
 
 
-def _provider(name, q, k, v):
-    S = q.shape[2]
-    if name == "ours":
-        return lambda: triangle_attention(q, k, v, sink=SINK, window=WINDOW, last=LAST).out
-    if name == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+@functools.cache
+def _flex_mask(S, sink, window, last):
+    from torch.nn.attention.flex_attention import create_block_mask
 
-        def mask_mod(b, h, i, j):
-            return (j <= i) & ((j < SINK) | (i - j < WINDOW) | (i >= S - LAST))
+    def mask_mod(b, h, i, j):
+        return (j <= i) & ((j < sink) | (i - j < window) | (i >= S - last))
 
-        bm = create_block_mask(mask_mod, None, None, S, S, device="cuda", _compile=True)
-        flex = torch.compile(flex_attention, dynamic=False)
-        return lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
-    if name == "cudnn-dense":
-        rep = q.shape[1] // k.shape[1]
-        kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    # _compile=True builds the block mask without materialising the S x S mask; one compile per
+    # (mask constants, S), more than dynamo's default recompile limit
+    with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
+        return create_block_mask(mask_mod, None, None, S, S, device="cuda", _compile=True)
 
-        def run():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, kk, vv, is_causal=True)
 
-        return run
+def _provider(name, q, k, v, sink, window, last):
+    if name.startswith("ours-"):
+        impl = ours_impl(name)
+        if last == 0:
+            return lambda: a_shape_attention(q, k, v, sink=sink, window=window, impl=impl).out
+        return lambda: (
+            triangle_attention(q, k, v, sink=sink, window=window, last=last, impl=impl).out
+        )
+    if name == "minference" and last:
+        raise ProviderUnavailable(
+            "minference: streaming_forward computes the A-shape only (no dense last rows)"
+        )
+    if name == "cudnn" and q.shape[2] > 131072:
+        raise ProviderUnavailable("cudnn: dense causal takes seconds per call past 128K")
+    require_package(name)
+    if name == "fa4":
+        return fa4_dense_call(q, k, v)
+    if name == "cudnn":
+        return cudnn_causal(q, k, v)
+    if name == "minference":
+        return minference_streaming_call(q, k, v, sink=sink, window=window)
+    if name.startswith("flex-"):
+        return flex_call(q, k, v, _flex_mask(q.shape[2], sink, window, last), name)
     raise ValueError(name)
-
-
-@pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_triangle_attention(benchmark, shape, provider):
-    B, H, H_KV, S, D = SHAPES[shape]
-    if provider == "cudnn-dense" and S > 131072:
-        pytest.skip("cuDNN dense at 512K/1M takes seconds to minutes per call; see the table note")
-    q, k, v = _inputs(shape)
-    fn = _provider(provider, q, k, v)
-    err = float("nan")
-    if provider != "cudnn-dense":
-        # Correctness on the benchmark shape: the last 256 rows (dense + A-shape) of 2 heads vs the reference.
-        out = fn()
-        r0 = S - 256
-        ref = triangle_attention_reference(
-            q[:, :2, r0:],
-            k[:, :1],
-            v[:, :1],
-            sink=SINK,
-            window=WINDOW,
-            last=LAST,
-            compute_dtype=torch.float32,
-        ).out
-        got = out[:, :2, r0:].float()
-        err = ((got - ref.float()).norm() / ref.float().norm()).item()
-        assert err < 2e-2, f"{provider}: relative error {err:.2e}"
-        del out
-    torch.cuda.reset_peak_memory_stats()
-    run_benchmark(benchmark, fn, rounds=10 if S <= 131072 else 5)
-    dense = attention_flops(B, H, causal_pairs(S, S), D)
-    useful = attention_flops(B, H, _useful_pairs(S), D) if provider != "cudnn-dense" else dense
-    record(
-        benchmark,
-        flops_dense=dense,
-        flops_useful=useful,
-        provider=provider,
-        shape=shape,
-        rel_err=err,
-        config=_chosen_config(q, k) if provider == "ours" else None,
-    )
 
 
 def _chosen_config(q: torch.Tensor, k: torch.Tensor) -> str:
@@ -125,3 +125,61 @@ def _chosen_config(q: torch.Tensor, k: torch.Tensor) -> str:
         group=q.shape[1] // k.shape[1], seq_len=k.shape[2],
     )  # fmt: skip
     return f"{choice.config} ({choice.source})"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _table(request):
+    yield
+    title = "triangle / A-shape (bf16, B=1 H=28 H_KV=4 D=128), median ms"
+    cases = [f"{s}-{p}-{c}" for s in SEQS for p in PATTERNS for c in CONFIGS]
+    write_summary(request, summary_lines(title, _RESULTS, cases))
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("seq", list(SEQS))
+def test_triangle_attention(benchmark, seq, pattern, config, provider):
+    S, case = SEQS[seq], f"{seq}-{pattern}-{config}"
+    first_case = f"{seq}-{PATTERNS[0]}-{next(iter(CONFIGS))}"
+    if provider in DENSE and case != first_case:
+        prev = _RESULTS.get((first_case, provider))
+        if prev is not None:
+            _RESULTS[(case, provider)] = prev
+        pytest.skip("dense baseline: timed once per length")
+    sink, window, last = CONFIGS[config]
+    last = last if pattern == "triangle" else 0
+    q, k, v = _inputs(S)
+    anchor = _anchor(S)
+    try:
+        fn = _provider(provider, q, k, v, sink, window, last)
+        out = first_call(provider, fn)
+    except ProviderUnavailable as e:
+        pytest.skip(str(e))
+    dense = provider in DENSE
+    mask = triangle_mask(ORACLE_ROWS, S, sink=sink, window=window, last=last, device=q.device)
+    rows = causal_rows_mask(S, q.device) if dense else mask.expand(ORACLE_HEADS, -1, -1)
+    err = rows_error(out, q, k, v, rows)
+    assert err < REL_TOL, f"{provider}: relative error {err:.2e} on the benchmark shape"
+    del out
+    torch.cuda.reset_peak_memory_stats()
+    run_benchmark(benchmark, fn, **bench_rounds(S))
+    flops_dense = attention_flops(B, H, causal_pairs(S, S), D)
+    pairs = triangle_pairs(S, sink=sink, window=window, last=last)
+    record(
+        benchmark,
+        flops_dense=flops_dense,
+        flops_useful=flops_dense if dense else attention_flops(B, H, pairs, D),
+        anchor=anchor,
+        provider=provider,
+        seq=seq,
+        pattern=pattern,
+        sink=sink,
+        window=window,
+        last=last,
+        kv_repeated=provider == "minference",
+        rel_err=err,
+        same_op=not dense,
+        config=_chosen_config(q, k) if provider == "ours-triton" else None,
+    )
+    _RESULTS[(case, provider)] = dict(benchmark.extra_info)

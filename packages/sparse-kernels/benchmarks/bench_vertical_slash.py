@@ -1,13 +1,20 @@
-"""Vertical-slash attention (MInference setting) vs FlexAttention on the same attended set,
-vs our dense attention and cuDNN dense SDPA; index build timed on its own.
+"""Vertical-slash attention (MInference's pattern), Qwen2.5-VL-7B shape (B=1, H=28, H_KV=4,
+D=128, bf16): our op on each engine vs MInference 0.1.6 ``vertical_slash_sparse_attention`` and
+FlexAttention (Triton and FA4 backends) on the same attended set, with FA4 and cuDNN dense causal
+attention as the dense baselines.
 
-B=1, H=28, H_KV=4, D=128, bf16, 1000 verticals and 6096 slashes per head, 64x64 tiles.
-Synthetic indices (no model here): verticals uniform over ``[0, S)``; slashes = the 64 local
-offsets ``0..63`` (the last-64-window diagonals MInference always keeps) plus runs of 64
-adjacent offsets starting at log-uniform points of ``[64, S)`` (estimated slashes cluster; spread
-out single slashes would each cost a 127-key band per row after block rounding and make the
-pattern nearly dense). The attended fraction of the causal pairs is recorded with every timing.
-Run: ``nox -s bench -- packages/sparse-kernels/benchmarks/bench_vertical_slash.py``.
+1000 verticals and 6096 slashes per head, 64x64 tiles, the same indices for every provider
+(MInference gets K/V repeated to 28 heads once, outside the timed call: it has no GQA). Three
+slash distributions: ``local`` (offsets ``0..6095``, one band), ``random`` (the 64 local offsets
+plus uniform distinct offsets in ``[64, S)``; after tile rounding close to dense) and
+``clustered`` (the 64 local offsets plus runs of 64 adjacent offsets at log-uniform starts, as
+estimated slashes cluster). Verticals are uniform over ``[0, S)``. Ours and MInference build
+their index inside the timed call; ours' build alone is ``index_build_ms``. Flex gets the
+BlockMask of our index, built outside the timed call, up to 128K (its ``[H, S/64, S/64]`` lists
+take 30 GB at 1M). Outputs are checked against a float32 oracle over the documented attended set
+(the last 256 rows of two heads) before timing; useful TFLOP/s counts that set's pairs.
+Run: ``python3 -m pytest packages/sparse-kernels/benchmarks/bench_vertical_slash.py
+--benchmark-only -s`` (lengths: ``SPARSE_KERNELS_BENCH_SEQS=32K,128K,512K,1M``; default 32K,128K).
 """
 
 from __future__ import annotations
@@ -17,12 +24,35 @@ import os
 
 import pytest
 import torch
-from sparse_kernels import attention, build_vertical_slash_index, vertical_slash_attention
+from sparse_kernels import build_vertical_slash_index, vertical_slash_attention
+from sparse_kernels.benchmark_providers import (
+    ORACLE_HEADS,
+    ORACLE_ROWS,
+    PROVIDERS,
+    QWEN25_VL_7B,
+    REL_TOL,
+    ProviderUnavailable,
+    causal_rows_mask,
+    fa4_dense_anchor,
+    fa4_dense_call,
+    first_call,
+    flex_call,
+    minference_vertical_slash_call,
+    ours_impl,
+    qwen_inputs,
+    require_package,
+    rows_error,
+    summary_lines,
+    write_summary,
+)
 from sparse_kernels.benchmarking import (
     attention_flops,
     bench_rounds,
+    bench_seqs,
+    causal_block_pairs,
     causal_pairs,
     clustered_vertical_slash_indices,
+    cuda_time_ms,
     cudnn_causal,
     record,
     run_benchmark,
@@ -30,158 +60,163 @@ from sparse_kernels.benchmarking import (
 
 pytestmark = pytest.mark.gpu
 
-B, H, H_KV, D = 1, 28, 4, 128
+B, H, H_KV, D = QWEN25_VL_7B
 NV, NS, LOCAL = 1000, 6096, 64
-RUN = 64  # slashes come in clusters of RUN adjacent offsets (estimated slashes cluster)
+RUN = 64  # clustered slashes come in runs of RUN adjacent offsets
 BM = BN = 64
-ALL_SEQS = {"32K": 32768, "128K": 131072, "512K": 524288, "1M": 1048576}
-# SPARSE_KERNELS_BENCH_SEQS=32K,128K,512K,1M picks lengths (default 32K,128K). FlexAttention's
-# BlockMask for 64x64 blocks holds [H, S/64, S/64] int32 indices (30 GB at 1M), and our dense
-# kernel is timed against cuDNN elsewhere, so both run up to 128K only.
-SEQS = {n: ALL_SEQS[n] for n in os.environ.get("SPARSE_KERNELS_BENCH_SEQS", "32K,128K").split(",")}
-SMALL_ONLY = {"flex", "dense-ours"}
-PROVIDERS = ["index-build", "ours-kernel", "ours-total", "flex", "dense-ours", "sdpa-cudnn"]
+SEQS = bench_seqs(os.environ.get("SPARSE_KERNELS_BENCH_SEQS"))
+SLASHES = ["local", "random", "clustered"]
+DENSE = ("fa4", "cudnn")  # dense baselines: timed once per length, not the same op
 _RESULTS: dict[tuple[str, str], dict] = {}
 
 
 @functools.cache
 def _inputs(S):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, H_KV, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, H_KV, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    return q, k, v
+    return qwen_inputs(S)
 
 
 @functools.cache
-def _indices(S):
-    return clustered_vertical_slash_indices(
+def _anchor(S):
+    return fa4_dense_anchor(*_inputs(S), rep=bench_rounds(S)["rounds"])
+
+
+@functools.cache
+def _indices(S, kind):
+    """(verticals, slashes), int32 ``[B, H, NV]`` / ``[B, H, NS]``, sorted, on the GPU."""
+    vert, clustered = clustered_vertical_slash_indices(
         B, H, S, NV, NS, local=LOCAL, run=RUN, seed=1, device="cuda"
     )
+    if kind == "clustered":
+        return vert, clustered
+    if kind == "local":
+        return vert, torch.arange(NS, device="cuda", dtype=torch.int32).expand(B, H, NS)
+    g = torch.Generator().manual_seed(2)
+    far = [torch.randperm(S - LOCAL, generator=g)[: NS - LOCAL].sort().values for _ in range(B * H)]
+    rows = [torch.cat([torch.arange(LOCAL), LOCAL + r]) for r in far]
+    return vert, torch.stack(rows).to("cuda", torch.int32).reshape(B, H, NS)
 
 
 def _attended_pairs(idx) -> int:
     """Pairs the index computes: range tiles (causal) plus leftover columns (causal), summed
     over (batch, head) in closed form per range, so nothing is ``NQB x NKB`` (1M-token layers)."""
-    S, BM, BN = idx.seq_len, idx.block_m, idx.block_n
-    dev = idx.range_start.device
-    nqb = idx.range_count.shape[-1]
-    first = (torch.arange(nqb, device=dev) * BM)[:, None]  # first row of each query block
-    last = (torch.clamp((torch.arange(nqb, device=dev) + 1) * BM, max=S) - 1)[:, None]
-
-    def upto(x, w):
-        """sum of clamp(t, 0, w) over integers t <= x."""
-        x = x.clamp_min(0)
-        return torch.where(x <= w, x * (x + 1) // 2, w * (w + 1) // 2 + (x - w) * w)
-
-    R = idx.range_start.shape[-1]
-    valid = torch.arange(R, device=dev) < idx.range_count[..., None]
-    k0 = idx.range_start.to(torch.int64) * BN
-    w = (torch.clamp(idx.range_end.to(torch.int64) * BN, max=S) - k0).clamp_min(0)
-    # row i sees clamp(i + 1 - k0, 0, w) keys of the range; summed over the block's rows
-    per_range = upto(last + 1 - k0, w) - upto(first - k0, w)
-    tile_pairs = int((per_range * valid).sum())
-    C = idx.columns.shape[-1]
-    cvalid = torch.arange(C, device=dev) < idx.column_count[..., None]
+    S, dev = idx.seq_len, idx.range_start.device
+    first = (torch.arange(idx.range_count.shape[-1], device=dev) * idx.block_m)[:, None]
+    end = torch.clamp(first + idx.block_m, max=S)
+    valid = torch.arange(idx.range_start.shape[-1], device=dev) < idx.range_count[..., None]
+    k0 = idx.range_start.to(torch.int64) * idx.block_n
+    k1 = torch.clamp(idx.range_end.to(torch.int64) * idx.block_n, max=S)
+    tiles = int((causal_block_pairs(first, end, k0, k1, 0) * valid).sum())
+    cvalid = torch.arange(idx.columns.shape[-1], device=dev) < idx.column_count[..., None]
     cols = idx.columns.to(torch.int64)
-    col_pairs = (last - torch.maximum(cols, first) + 1).clamp_min(0)
-    return tile_pairs + int((col_pairs * cvalid).sum())
+    return tiles + int((causal_block_pairs(first, end, cols, cols + 1, 0) * cvalid).sum())
+
+
+def _oracle_rows(vert, sl, S):
+    """The documented attended set (``vertical_slash_attention``'s docstring) of the oracle rows:
+    each ``BM x BN`` tile a slash diagonal crosses, plus the vertical columns, then causal."""
+    nkb = -(-S // BN)
+    rows = torch.arange(S - ORACLE_ROWS, S, device=sl.device).reshape(-1, BM)  # [blocks, BM]
+    hit = torch.zeros(ORACLE_HEADS, rows.shape[0], nkb + 1, dtype=torch.bool, device=sl.device)
+    cols = torch.zeros(ORACLE_HEADS, S, dtype=torch.bool, device=sl.device)
+    for h in range(ORACLE_HEADS):
+        j = rows[:, :, None] - sl[0, h].to(torch.int64)[None, None, :]
+        hit[h].scatter_(1, torch.where(j >= 0, j // BN, nkb).reshape(rows.shape[0], -1), True)
+        cols[h, vert[0, h].long()] = True
+    keys = hit[:, :, :nkb].repeat_interleave(BN, 2)[:, :, :S].repeat_interleave(BM, 1)
+    return (keys | cols[:, None, :]) & causal_rows_mask(S, sl.device)
 
 
 @functools.cache
-def _setup(seq):
-    S = SEQS[seq]
-    vert, sl = _indices(S)
-    idx = build_vertical_slash_index(vert, sl, seq_len=S, block_m=BM, block_n=BN)
-    return idx, _attended_pairs(idx)
+def _setup(S, kind):
+    """(index, attended pairs, index build ms, oracle rows' mask) of one case."""
+    vert, sl = _indices(S, kind)
+
+    def build():
+        return build_vertical_slash_index(vert, sl, seq_len=S, block_m=BM, block_n=BN)
+
+    idx = build()
+    return (
+        idx,
+        _attended_pairs(idx),
+        cuda_time_ms(build, warmup=1, rep=5),
+        _oracle_rows(vert, sl, S),
+    )
 
 
 def _provider(name, q, k, v, vert, sl, idx):
-    kw = dict(block_m=BM, block_n=BN)
-    if name == "index-build":
-        return lambda: build_vertical_slash_index(vert, sl, seq_len=q.shape[2], **kw)
-    if name == "ours-kernel":
-        return lambda: vertical_slash_attention(q, k, v, vert, sl, index=idx, **kw).out
-    if name == "ours-total":
-        return lambda: vertical_slash_attention(q, k, v, vert, sl, **kw).out
-    if name == "flex":
-        from sparse_kernels.testing import flex_attention_compiled
-
-        bm = idx.to_block_mask()
-        return lambda: flex_attention_compiled(q, k, v, bm)
-    if name == "dense-ours":
-        return lambda: attention(q, k, v, causal=True).out
-    if name == "sdpa-cudnn":
+    if name.startswith("ours-"):
+        impl = ours_impl(name)
+        # index built inside the call, as MInference's is; the indices are valid by construction
+        return lambda: (
+            vertical_slash_attention(
+                q, k, v, vert, sl, impl=impl, block_m=BM, block_n=BN, check_indices=False
+            ).out
+        )
+    require_package(name)
+    if name == "fa4":
+        return fa4_dense_call(q, k, v)
+    if name == "cudnn":
         return cudnn_causal(q, k, v)
+    if name == "minference":
+        return minference_vertical_slash_call(q, k, v, vert, sl)
+    if name.startswith("flex-"):
+        if q.shape[2] > 131072:
+            raise ProviderUnavailable(f"{name}: the 64x64 BlockMask is timed up to 128K only")
+        return flex_call(q, k, v, idx.to_block_mask(), name)
     raise ValueError(name)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _table(request):
     yield
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    lines = [
-        "vertical_slash (bf16, B=1 H=28 H_KV=4 D=128, NV=1000, NS=6096, 64x64 tiles)",
-        f"{'S':>5} {'attended':>8} " + " ".join(f"{p:>12}" for p in PROVIDERS)
-        + f" {'build/total':>11} {'flex/ours':>9} {'cudnn/ours':>10}",
-    ]  # fmt: skip
-    for s in SEQS:
-        r = {p: _RESULTS.get((s, p)) for p in PROVIDERS}
-        if r["ours-total"] is None:
-            continue
-
-        def ms(p, r=r):
-            return r[p]["median_ms"] if r[p] else float("nan")
-
-        lines.append(
-            f"{s:>5} {r['ours-total']['attended_fraction']:8.3f} "
-            + " ".join(f"{ms(p):12.2f}" for p in PROVIDERS)
-            + f" {ms('index-build') / ms('ours-total'):11.3f} {ms('flex') / ms('ours-total'):9.2f}"
-            + f" {ms('sdpa-cudnn') / ms('ours-total'):10.2f}"
-        )  # fmt: skip
-    if tr is not None:
-        tr.write_line("")
-        for line in lines:
-            tr.write_line(line)
-    else:
-        print("\n".join(lines))
+    title = "vertical_slash (bf16, B=1 H=28 H_KV=4 D=128, NV=1000, NS=6096, 64x64), median ms"
+    cases = [f"{s}-{kind}" for s in SEQS for kind in SLASHES]
+    write_summary(request, summary_lines(title, _RESULTS, cases))
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("slashes", SLASHES)
 @pytest.mark.parametrize("seq", list(SEQS))
-def test_vertical_slash(benchmark, seq, provider):
-    S = SEQS[seq]
-    if provider in SMALL_ONLY and S > 131072:
-        pytest.skip(f"{provider} timed up to 128K only")
+def test_vertical_slash(benchmark, seq, slashes, provider):
+    S, case = SEQS[seq], f"{seq}-{slashes}"
+    if provider in DENSE and slashes != SLASHES[0]:
+        prev = _RESULTS.get((f"{seq}-{SLASHES[0]}", provider))
+        if prev is not None:
+            _RESULTS[(case, provider)] = prev
+        pytest.skip("dense baseline: timed once per length")
     q, k, v = _inputs(S)
-    vert, sl = _indices(S)
-    idx, pairs = _setup(seq)
-    fn = _provider(provider, q, k, v, vert, sl, idx)
-    res = fn()
-    if provider == "flex":
-        ours = vertical_slash_attention(q, k, v, vert, sl, index=idx).out
-        err = (res[:, :4].float() - ours[:, :4].float()).norm() / ours[:, :4].float().norm()
-        assert err.item() < 2e-2, f"flex vs ours relative error {err.item():.2e}"
-        del ours
-    del res
+    anchor = _anchor(S)
+    vert, sl = _indices(S, slashes)
+    idx, pairs, build_ms, rows = _setup(S, slashes)
+    try:
+        fn = _provider(provider, q, k, v, vert, sl, idx)
+        out = first_call(provider, fn)
+    except ProviderUnavailable as e:
+        pytest.skip(str(e))
+    dense = provider in DENSE
+    err = rows_error(out, q, k, v, causal_rows_mask(S, q.device) if dense else rows)
+    assert err < REL_TOL, f"{provider}: relative error {err:.2e} on the benchmark shape"
+    del out
     torch.cuda.reset_peak_memory_stats()
     run_benchmark(benchmark, fn, **bench_rounds(S))
     dense_pairs = causal_pairs(S, S)
-    sparse = provider in ("ours-kernel", "ours-total", "flex")
     record(
         benchmark,
         flops_dense=attention_flops(B, H, dense_pairs, D),
         # pairs is summed over (batch, head); dense_pairs is per head
-        flops_useful=attention_flops(1, 1, pairs, D)
-        if sparse
-        else attention_flops(B, H, dense_pairs, D),
+        flops_useful=attention_flops(*((B, H, dense_pairs) if dense else (1, 1, pairs)), D),
+        anchor=anchor,
         provider=provider,
         seq=seq,
+        slashes=slashes,
         n_vertical=NV,
         n_slash=NS,
         block_m=BM,
         block_n=BN,
         attended_fraction=pairs / (B * H * dense_pairs),
-        slash_distribution="0..63 + runs of 64 at log-uniform starts in [64, S)",
-    )
-    _RESULTS[(seq, provider)] = dict(benchmark.extra_info)
+        index_build_ms=build_ms if provider.startswith("ours-") else None,
+        kv_repeated=provider == "minference",
+        rel_err=err,
+        same_op=not dense,
+    )  # fmt: skip
+    _RESULTS[(case, provider)] = dict(benchmark.extra_info)

@@ -11,6 +11,7 @@ from sparse_kernels.attention import masked_attention_reference
 from sparse_kernels.benchmark_providers import (
     ProviderUnavailable,
     first_call,
+    flex_call,
     ours_impl,
     require_package,
     rows_error,
@@ -177,6 +178,12 @@ def test_ours_impl_and_first_call():
     with pytest.raises(NotImplementedError):  # any other provider's error stays an error
         first_call("ours-triton", cannot)
     assert first_call("fa4", lambda: torch.ones(1)).item() == 1.0
+
+
+def test_flex_call_refuses_an_unknown_provider():
+    t = torch.zeros(1, 1, 1, 8)
+    with pytest.raises(ValueError, match="got 'flex'"):
+        flex_call(t, t, t, None, "flex")
 
 
 def test_rows_error_is_small_for_the_right_mask_and_large_for_a_wrong_one():

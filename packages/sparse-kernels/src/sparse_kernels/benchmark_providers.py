@@ -26,6 +26,12 @@ PROVIDERS = (
     "ours-auto", "ours-triton", "ours-fa4", "fa4", "flex-triton", "flex-fa4", "cudnn", "minference",
 )  # fmt: skip
 
+# Qwen2.5-VL-7B's attention (B, H, H_KV, D), bf16 and causal in every suite.
+QWEN25_VL_7B = (1, 28, 4, 128)
+# The oracle: the last ORACLE_ROWS query rows of the first ORACLE_HEADS heads in float32; a
+# provider's output must be within REL_TOL (relative Frobenius error) of it before it is timed.
+ORACLE_HEADS, ORACLE_ROWS, REL_TOL = 2, 256, 2e-2
+
 
 class ProviderUnavailable(Exception):
     """A provider cannot run here: its package is missing, or it has no such op. The message
@@ -112,17 +118,32 @@ def fa4_block_sparse_call(
     return run
 
 
-def flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, *, backend: str):
-    """Compiled FlexAttention with ``block_mask`` on its ``"TRITON"`` or ``"FLASH"`` (FA4)
-    backend; the mask's ``mask_mod`` runs in its partial blocks."""
+# A suite compiles FlexAttention once per (mask_mod constants, list shapes, backend): more
+# variants than dynamo's default recompile limit (8), past which it would run flex eagerly.
+FLEX_RECOMPILE_LIMIT = 64
+
+
+def flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, provider: str):
+    """Compiled FlexAttention with ``block_mask``: ``"flex-triton"`` on its Triton backend,
+    ``"flex-fa4"`` on its FA4 one (``kernel_options={"BACKEND": "FLASH"}``); the mask's
+    ``mask_mod`` runs in its partial blocks. Compiles here, under :data:`FLEX_RECOMPILE_LIMIT`
+    (a scoped dynamo setting), so the returned call only runs the compiled kernel."""
     from .testing import _compiled_flex, flex_attention_compiled
 
-    if backend == "TRITON":
-        return lambda: flex_attention_compiled(q, k, v, block_mask)
-    if backend != "FLASH":
-        raise ValueError(f"flex backend must be 'TRITON' or 'FLASH', got {backend!r}")
-    fn, opts = _compiled_flex(), {"BACKEND": "FLASH"}
-    return lambda: fn(q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=opts)
+    if provider not in ("flex-triton", "flex-fa4"):
+        raise ValueError(f"provider must be 'flex-triton' or 'flex-fa4', got {provider!r}")
+    opts = {"BACKEND": "FLASH"}
+
+    def run():
+        if provider == "flex-triton":
+            return flex_attention_compiled(q, k, v, block_mask)
+        return _compiled_flex()(
+            q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=opts
+        )
+
+    with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
+        run()
+    return run
 
 
 def minference_vertical_slash_call(q, k, v, vertical: torch.Tensor, slash: torch.Tensor):
@@ -152,6 +173,22 @@ def fa4_dense_anchor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rep: 
     ms = cuda_time_ms(fa4_dense_call(q, k, v), warmup=2, rep=rep)
     B, H, S, D = q.shape
     return Anchor(tflops(attention_flops(B, H, causal_pairs(S, S), D), ms / 1e3), ms)
+
+
+def qwen_inputs(S: int, *, h_kv: int = QWEN25_VL_7B[2], seed: int = 0):
+    """Seeded bf16 ``q [1, 28, S, 128]``, ``k, v [1, h_kv, S, 128]`` on the GPU."""
+    B, H, _, D = QWEN25_VL_7B
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, h_kv, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, h_kv, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    return q, k, v
+
+
+def causal_rows_mask(S: int, device: torch.device | str) -> torch.Tensor:
+    """The oracle rows' mask (``[ORACLE_HEADS, ORACLE_ROWS, S]``) of causal attention."""
+    i = torch.arange(S - ORACLE_ROWS, S, device=device)[:, None]
+    return (torch.arange(S, device=device)[None, :] <= i).expand(ORACLE_HEADS, -1, -1)
 
 
 def rows_error(

@@ -14,7 +14,6 @@ import functools
 import os
 
 import pytest
-import torch
 from sparse_kernels import attention
 from sparse_kernels.benchmark_providers import (
     PROVIDERS,
@@ -22,14 +21,13 @@ from sparse_kernels.benchmark_providers import (
     REL_TOL,
     ProviderUnavailable,
     causal_rows_mask,
+    checked_call,
     fa4_dense_anchor,
     fa4_dense_call,
-    first_call,
     flex_call,
     ours_impl,
     qwen_inputs,
     require_package,
-    rows_error,
     summary_lines,
     write_summary,
 )
@@ -40,7 +38,7 @@ from sparse_kernels.benchmarking import (
     causal_pairs,
     cudnn_causal,
     record,
-    run_benchmark,
+    run_length_benchmark,
 )
 
 pytestmark = pytest.mark.gpu
@@ -100,15 +98,13 @@ def test_dense_attention(benchmark, seq, provider):
     q, k, v = _inputs(S)
     anchor = _anchor(S)
     try:
-        fn = _provider(provider, q, k, v)
-        out = first_call(provider, fn)
+        fn, err = checked_call(
+            provider, lambda: _provider(provider, q, k, v), q, k, v, causal_rows_mask(S, q.device)
+        )
     except ProviderUnavailable as e:
         pytest.skip(str(e))
-    err = rows_error(out, q, k, v, causal_rows_mask(S, q.device))
     assert err < REL_TOL, f"{provider}: relative error {err:.2e} on the benchmark shape"
-    del out
-    torch.cuda.reset_peak_memory_stats()
-    run_benchmark(benchmark, fn, **bench_rounds(S))
+    run_length_benchmark(benchmark, fn, S)
     flops = attention_flops(B, H, causal_pairs(S, S), D)
     record(
         benchmark, flops_dense=flops, flops_useful=flops, anchor=anchor,

@@ -29,14 +29,13 @@ from sparse_kernels.benchmark_providers import (
     REL_TOL,
     ProviderUnavailable,
     causal_rows_mask,
+    checked_call,
     fa4_block_sparse_call,
     fa4_dense_anchor,
-    first_call,
     flex_call,
     ours_impl,
     qwen_inputs,
     require_package,
-    rows_error,
     summary_lines,
     write_summary,
 )
@@ -48,7 +47,7 @@ from sparse_kernels.benchmarking import (
     causal_pairs,
     cudnn_causal,
     record,
-    run_benchmark,
+    run_length_benchmark,
 )
 
 pytestmark = pytest.mark.gpu
@@ -201,17 +200,14 @@ def test_block_sparse(benchmark, seq, density, provider):
     q, k, v = _inputs(S)
     anchor = _anchor(S)
     bm, pairs, listed, rows = _mask(S, density)
+    dense = provider in DENSE
+    rows = causal_rows_mask(S, q.device) if dense else rows
     try:
-        fn = _provider(provider, q, k, v, bm)
-        out = first_call(provider, fn)
+        fn, err = checked_call(provider, lambda: _provider(provider, q, k, v, bm), q, k, v, rows)
     except ProviderUnavailable as e:
         pytest.skip(str(e))
-    dense = provider in DENSE
-    err = rows_error(out, q, k, v, causal_rows_mask(S, q.device) if dense else rows)
     assert err < REL_TOL, f"{provider}: relative error {err:.2e} on the benchmark shape"
-    del out
-    torch.cuda.reset_peak_memory_stats()
-    run_benchmark(benchmark, fn, **bench_rounds(S))
+    run_length_benchmark(benchmark, fn, S)
     flops_dense = attention_flops(B, H, causal_pairs(S, S), D)
     record(
         benchmark,

@@ -31,15 +31,14 @@ from sparse_kernels.benchmark_providers import (
     REL_TOL,
     ProviderUnavailable,
     causal_rows_mask,
+    checked_call,
     fa4_dense_anchor,
     fa4_dense_call,
-    first_call,
     flex_call,
     minference_streaming_call,
     ours_impl,
     qwen_inputs,
     require_package,
-    rows_error,
     summary_lines,
     write_summary,
 )
@@ -50,7 +49,7 @@ from sparse_kernels.benchmarking import (
     causal_pairs,
     cudnn_causal,
     record,
-    run_benchmark,
+    run_length_benchmark,
     triangle_pairs,
 )
 from sparse_kernels.triangle.reference import triangle_mask
@@ -151,19 +150,17 @@ def test_triangle_attention(benchmark, seq, pattern, config, provider):
     last = last if pattern == "triangle" else 0
     q, k, v = _inputs(S)
     anchor = _anchor(S)
-    try:
-        fn = _provider(provider, q, k, v, sink, window, last)
-        out = first_call(provider, fn)
-    except ProviderUnavailable as e:
-        pytest.skip(str(e))
     dense = provider in DENSE
     mask = triangle_mask(ORACLE_ROWS, S, sink=sink, window=window, last=last, device=q.device)
     rows = causal_rows_mask(S, q.device) if dense else mask.expand(ORACLE_HEADS, -1, -1)
-    err = rows_error(out, q, k, v, rows)
+    try:
+        fn, err = checked_call(
+            provider, lambda: _provider(provider, q, k, v, sink, window, last), q, k, v, rows
+        )
+    except ProviderUnavailable as e:
+        pytest.skip(str(e))
     assert err < REL_TOL, f"{provider}: relative error {err:.2e} on the benchmark shape"
-    del out
-    torch.cuda.reset_peak_memory_stats()
-    run_benchmark(benchmark, fn, **bench_rounds(S))
+    run_length_benchmark(benchmark, fn, S)
     flops_dense = attention_flops(B, H, causal_pairs(S, S), D)
     pairs = triangle_pairs(S, sink=sink, window=window, last=last)
     record(

@@ -33,15 +33,14 @@ from sparse_kernels.benchmark_providers import (
     REL_TOL,
     ProviderUnavailable,
     causal_rows_mask,
+    checked_call,
     fa4_dense_anchor,
     fa4_dense_call,
-    first_call,
     flex_call,
     minference_vertical_slash_call,
     ours_impl,
     qwen_inputs,
     require_package,
-    rows_error,
     summary_lines,
     write_summary,
 )
@@ -55,7 +54,7 @@ from sparse_kernels.benchmarking import (
     cuda_time_ms,
     cudnn_causal,
     record,
-    run_benchmark,
+    run_length_benchmark,
 )
 
 pytestmark = pytest.mark.gpu
@@ -188,17 +187,16 @@ def test_vertical_slash(benchmark, seq, slashes, provider):
     anchor = _anchor(S)
     vert, sl = _indices(S, slashes)
     idx, pairs, build_ms, rows = _setup(S, slashes)
+    dense = provider in DENSE
+    rows = causal_rows_mask(S, q.device) if dense else rows
     try:
-        fn = _provider(provider, q, k, v, vert, sl, idx)
-        out = first_call(provider, fn)
+        fn, err = checked_call(
+            provider, lambda: _provider(provider, q, k, v, vert, sl, idx), q, k, v, rows
+        )
     except ProviderUnavailable as e:
         pytest.skip(str(e))
-    dense = provider in DENSE
-    err = rows_error(out, q, k, v, causal_rows_mask(S, q.device) if dense else rows)
     assert err < REL_TOL, f"{provider}: relative error {err:.2e} on the benchmark shape"
-    del out
-    torch.cuda.reset_peak_memory_stats()
-    run_benchmark(benchmark, fn, **bench_rounds(S))
+    run_length_benchmark(benchmark, fn, S)
     dense_pairs = causal_pairs(S, S)
     record(
         benchmark,

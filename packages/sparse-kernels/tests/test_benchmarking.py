@@ -10,6 +10,7 @@ import torch
 from sparse_kernels.attention import masked_attention_reference
 from sparse_kernels.benchmark_providers import (
     ProviderUnavailable,
+    checked_call,
     first_call,
     flex_call,
     ours_impl,
@@ -197,6 +198,14 @@ def test_rows_error_is_small_for_the_right_mask_and_large_for_a_wrong_one():
     assert rows_error(out, q, k, v, rows & (torch.arange(40) >= 20)) > 0.05
     with pytest.raises(ValueError, match="multiple of the GQA group 2"):
         rows_error(out, q, k, v, full[-8:].expand(3, 8, 40))
+    fn, err = checked_call("ours-triton", lambda: lambda: out, q, k, v, rows)
+    assert fn() is out and err < 1e-6
+
+    def cannot():
+        raise NotImplementedError("no vertical-slash op on FA4")
+
+    with pytest.raises(ProviderUnavailable, match="ours-fa4: no vertical-slash"):
+        checked_call("ours-fa4", lambda: cannot, q, k, v, rows)
 
 
 def test_summary_compares_ours_with_the_fastest_peer_of_the_same_op():

@@ -75,6 +75,24 @@ def first_call(provider: str, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         raise ProviderUnavailable(f"{provider}: {e}") from e
 
 
+def checked_call(
+    provider: str,
+    make: Callable[[], Callable[[], torch.Tensor]],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask_rows: torch.Tensor,
+) -> tuple[Callable[[], torch.Tensor], float]:
+    """Build a provider's call with ``make``, run it once (:func:`first_call`) and return it with
+    its :func:`rows_error` against the oracle over ``mask_rows``, before anything is timed.
+    Raises :class:`ProviderUnavailable` where the provider cannot run (the suites skip)."""
+    fn = make()
+    out = first_call(provider, fn)
+    err = rows_error(out, q, k, v, mask_rows)
+    del out
+    return fn, err
+
+
 def fa4_dense_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable:
     """FlashAttention-4 dense causal attention on our ``[B, H, S, D]`` tensors (FA4 reads the
     ``[B, S, H, D]`` views as they are), with the LSE as ours returns it."""

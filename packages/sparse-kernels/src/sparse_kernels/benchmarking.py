@@ -197,6 +197,13 @@ def run_benchmark(benchmark, fn: Callable[[], object], *, rounds: int = 10, warm
     return benchmark.pedantic(call, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1)
 
 
+def run_length_benchmark(benchmark, fn: Callable[[], object], S: int):
+    """:func:`run_benchmark` with :func:`bench_rounds` for length ``S``, the peak-memory counter
+    reset first (``record`` reads it)."""
+    torch.cuda.reset_peak_memory_stats()
+    return run_benchmark(benchmark, fn, **bench_rounds(S))
+
+
 def cudnn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], torch.Tensor]:
     """The dense baseline: causal SDPA forced onto cuDNN, K/V repeated for GQA once, outside the
     timed call."""

@@ -219,3 +219,7 @@ def test_summary_compares_ours_with_the_fastest_peer_of_the_same_op():
     assert len(lines) == 3
     assert lines[2].split()[-2:] == ["flex-fa4", "1.50"]
     assert "0.90" in lines[2]
+    met = summary_lines("t", res, ["32K"], {"32K": ("flex-fa4", 1.3)})[2]
+    assert met.endswith(">= 1.30x flex-fa4: 1.50x, met")
+    missed = summary_lines("t", res, ["32K"], {"32K": ("flex-fa4", 2.0)})[2]
+    assert missed.endswith(">= 2.00x flex-fa4: 1.50x, missed by 25%")

@@ -229,13 +229,20 @@ def rows_error(
     return float((out[:, :h, -r:].float() - ref).norm() / ref.norm())
 
 
-def summary_lines(title: str, results: dict[tuple[str, str], dict], cases: list[str]) -> list[str]:
+def summary_lines(
+    title: str,
+    results: dict[tuple[str, str], dict],
+    cases: list[str],
+    targets: dict[str, tuple[str, float]] | None = None,
+) -> list[str]:
     """A compact table: per case, each provider's median ms, ``ours-auto``'s useful rate over
-    FA4's dense rate, and ``ours-auto``'s speed-up over the fastest peer computing the same op
-    (``extra_info["same_op"]``; the dense baselines of sparse suites are left out)."""
+    FA4's dense rate, ``ours-auto``'s speed-up over the fastest peer computing the same op
+    (``extra_info["same_op"]``; the dense baselines of sparse suites are left out) and, where
+    ``targets[case] = (peer, speed-up)`` names one, whether ``ours-auto`` meets it and by how
+    much it misses."""
     cols = [p for p in PROVIDERS if any((c, p) in results for c in cases)]
     lines = [title, f"{'case':<30}" + "".join(f"{p:>12}" for p in cols)
-             + f"{'ours/fa4d':>10}{'best peer':>12}{'speed-up':>9}"]  # fmt: skip
+             + f"{'ours/fa4d':>10}{'best peer':>12}{'speed-up':>9}  target"]  # fmt: skip
     for c in cases:
         row = {p: results[(c, p)] for p in cols if (c, p) in results}
         if not row:
@@ -248,9 +255,13 @@ def summary_lines(title: str, results: dict[tuple[str, str], dict], cases: list[
         line += f"{ratio:10.2f}" if ratio is not None else f"{'-':>10}"
         peers = {p: r["median_ms"] for p, r in row.items()
                  if not p.startswith("ours-") and r.get("same_op")}  # fmt: skip
-        if ours and peers:
-            best = min(peers, key=peers.get)
-            line += f"{best:>12}{peers[best] / ours['median_ms']:9.2f}"
+        best = min(peers, key=peers.get) if ours and peers else None
+        line += f"{best:>12}{peers[best] / ours['median_ms']:9.2f}" if best else f"{'-':>21}"
+        peer, want = (targets or {}).get(c, (None, None))
+        if peer is not None and ours and peer in row:
+            got = row[peer]["median_ms"] / ours["median_ms"]
+            verdict = "met" if got >= want else f"missed by {100 * (1 - got / want):.0f}%"
+            line += f"  >= {want:.2f}x {peer}: {got:.2f}x, {verdict}"
         lines.append(line)
     return lines
 

@@ -9,6 +9,9 @@ Layout: 64 text tokens, the video (256 tokens per frame: 448x448 frames after th
 
 Methods:
 - ``dense``: HF SDPA attention under the cuDNN backend.
+- ``dense-fa4``: dense causal attention by FlashAttention-4 (``sparse_kernels.attention`` with
+  ``impl="fa4"``; needs ``sparse-kernels[hopper]`` on an sm90 GPU), the fastest dense a user
+  could pick there. Each row also gets ``speedup_vs_dense_fa4`` when this method ran.
 - ``mminference``: every layer runs ``sparse_patterns.plan_layer`` + ``BlockPlan.run`` with a
   fixed head mix: per KV group of 7 heads, 4 Grid (stride = tokens per frame), 2 Vertical-Slash
   (`--exact-verticals`: columns not rounded to blocks, MInference's kernel), 1 A-shape
@@ -68,7 +71,9 @@ import torch
 
 LENGTHS = {"128K": 131072, "256K": 262144, "512K": 524288, "1M": 1048576}
 DEFAULT_LENGTHS = "128K,256K,512K,1M"
-METHODS = ("dense", "mminference", "mminference+trianglemix")
+METHODS = ("dense", "dense-fa4", "mminference", "mminference+trianglemix")
+# Run unless --methods names others: dense-fa4 needs the hopper extra and an sm90 GPU.
+DEFAULT_METHODS = ("dense", "mminference", "mminference+trianglemix")
 FUSED = "+fused"  # method suffix: norms, MLP gates, rotary step via sparse_kernels.fused
 TEXT = 64
 TPF = 256
@@ -268,6 +273,10 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
     method = split_method(method)[0]
     if method == "dense":
         return None
+    if method == "dense-fa4":
+        from sparse_kernels.integrations.hf import dense_attention, swap_attention
+
+        return swap_attention(model, dense_attention(impl="fa4"), name="bench_ttft_dense_fa4")
     config = dims.get("config")
     mix = _head_mix(
         dims["heads"],
@@ -611,10 +620,12 @@ def bench(
                   f"{rows[-1]['parts_ms']}  attention core {core:.1f} ms", flush=True)  # fmt: skip
         del embeds, pos, layout
     for r in rows:
-        base = next((x for x in rows if x["length"] == r["length"] and x["method"] == "dense"
-                     and "ttft_s" in x), None)  # fmt: skip
-        if base is not None and "ttft_s" in r:
-            r["speedup_vs_dense"] = base["ttft_s"] / r["ttft_s"]
+        for base_method, key in (("dense", "speedup_vs_dense"),
+                                 ("dense-fa4", "speedup_vs_dense_fa4")):  # fmt: skip
+            base = next((x for x in rows if x["length"] == r["length"]
+                         and x["method"] == base_method and "ttft_s" in x), None)  # fmt: skip
+            if base is not None and "ttft_s" in r:
+                r[key] = base["ttft_s"] / r["ttft_s"]
     return [dict(r, env=info) for r in rows]
 
 
@@ -628,7 +639,7 @@ def main(argv=None) -> int:
     )
     p.add_argument(
         "--methods",
-        default=",".join(METHODS),
+        default=",".join(DEFAULT_METHODS),
         help=f"of {', '.join(METHODS)}, each optionally with the suffix {FUSED!r} (RMSNorms and "
         "MLP gates and the rotary step as fused kernels, vlm_accel.engine.fused_parts)",
     )

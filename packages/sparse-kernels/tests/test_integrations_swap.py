@@ -196,3 +196,23 @@ def test_attention_modules_are_the_decoder_self_attention():
     mods = attention_modules(model)
     assert [m.layer_idx for m in mods] == [0, 1, 2]
     assert all(m is layer.self_attn for m, layer in zip(mods, model.model.layers))
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_dense_attention_matches_sdpa_logits(impl):
+    from sparse_kernels.integrations.hf import dense_attention
+
+    model = _llama(seed=3).float()
+    ids = _ids(S=37)
+    ref = _logits(model, ids)
+    with swap_attention(model, dense_attention(impl=impl), name=f"test_dense_{impl}"):
+        got = _logits(model, ids)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_dense_attention_refuses_padding_masks():
+    from sparse_kernels.integrations.hf import dense_attention
+
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(NotImplementedError, match="padding masks"):
+        dense_attention()(None, q, q, q, torch.ones(1, 1, 4, 4, dtype=torch.bool))

@@ -4,6 +4,8 @@
   through ``fn`` (an ``AttentionInterface`` function, registered with transformers under
   ``name``) and returns an :class:`AttentionSwap` whose ``remove()`` puts back exactly what was
   there. The integrations of sparse-patterns, triangle-mix and seqpar-approx all swap through it.
+* ``dense_attention(impl=...)`` is such a function: dense causal attention through one of our
+  engines (``"fa4"``: FlashAttention-4), for ``swap_attention(model, dense_attention(), ...)``.
 * ``fuse_per_token_ops(model)`` swaps, in every decoder layer of a Llama/Qwen2-style language
   model (Qwen2.5-VL, Qwen2-VL, LLaVA-OneVision's Qwen2 included), the RMSNorms, the MLP's SiLU
   gate and the rotary step for the fused kernels, and returns a handle
@@ -22,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..attention import attention
 from ..fused import rms_norm, rotary, silu_mul
 
 _NORMS = ("input_layernorm", "post_attention_layernorm")
@@ -329,3 +332,25 @@ def swap_attention(
     if mask is not None:
         masks.register(name, mask)
     return AttentionSwap(name, fn, mods)
+
+
+def dense_attention(*, impl: str = "auto") -> Callable:
+    """An ``AttentionInterface`` function for :func:`swap_attention` (with ``mask=None``): dense
+    causal attention by :func:`sparse_kernels.attention` with engine ``impl`` (``"fa4"``,
+    ``"triton"``, ``"auto"``, ``"reference"``), causality bottom-right aligned as a chunked
+    prefill or a decode step needs it. Padding masks are refused (``NotImplementedError``), as
+    is dropout. ``impl`` itself is checked on the first call, by the op."""
+
+    def fn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if attention_mask is not None:
+            raise NotImplementedError(
+                "dense_attention: padding masks (batched prompts of different lengths) are not "
+                "supported; swap with mask=None so that transformers builds none"
+            )
+        if dropout:
+            raise NotImplementedError(f"dense_attention: expected dropout 0, got {dropout}")
+        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        out = attention(query, key, value, causal=True, scale=scale, impl=impl).out
+        return out.transpose(1, 2).contiguous(), None
+
+    return fn

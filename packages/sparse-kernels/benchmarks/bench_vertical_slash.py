@@ -88,7 +88,7 @@ def _indices(S, kind):
     if kind == "clustered":
         return vert, clustered
     if kind == "local":
-        return vert, torch.arange(NS, device="cuda", dtype=torch.int32).expand(B, H, NS)
+        return vert, torch.arange(NS, device="cuda", dtype=torch.int32).repeat(B, H, 1)
     g = torch.Generator().manual_seed(2)
     far = [torch.randperm(S - LOCAL, generator=g)[: NS - LOCAL].sort().values for _ in range(B * H)]
     rows = [torch.cat([torch.arange(LOCAL), LOCAL + r]) for r in far]

@@ -3,15 +3,19 @@
 # call may carry, on two calls to one warm machine:
 #   .fa4a/: the small wheels and the first half of the cu13 DSL library (an xz tar, split);
 #   .fa4b/: its second half.
-# Once both halves have arrived, everything is installed into /tmp/fa4site, which later calls on
+# Each call stashes what it carries in /tmp/fa4stash (the checkout is copied afresh per call);
+# once both halves are there, everything is installed into /tmp/fa4site, which later calls on
 # the same machine reuse. The CUTLASS DSL's `cutlass` package lives in
 # nvidia_cutlass_dsl/dsl_packages (a .pth entry in a normal install), hence the second path.
 FA4_SITE=/tmp/fa4site
-if [ ! -d "$FA4_SITE/flash_attn" ] && [ -f .fa4a/cu13.part.aa ] && [ -f .fa4b/cu13.part.ab ]; then
+FA4_STASH=/tmp/fa4stash
+mkdir -p "$FA4_STASH"
+for d in .fa4a .fa4b; do [ -d "$d" ] && cp -n "$d"/* "$FA4_STASH"/; done
+if [ ! -d "$FA4_SITE/flash_attn" ] && [ -f "$FA4_STASH/cu13.part.aa" ] && [ -f "$FA4_STASH/cu13.part.ab" ]; then
   mkdir -p "$FA4_SITE" \
     && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$FA4_SITE" .fa4a/*.whl \
-    && cat .fa4a/cu13.part.aa .fa4b/cu13.part.ab | xz -d | tar -x -C "$FA4_SITE" \
+      --target "$FA4_SITE" "$FA4_STASH"/*.whl \
+    && cat "$FA4_STASH/cu13.part.aa" "$FA4_STASH/cu13.part.ab" | xz -d | tar -x -C "$FA4_SITE" \
     || echo "fa4_env: install failed" >&2
 fi
 if [ -d "$FA4_SITE/flash_attn" ]; then

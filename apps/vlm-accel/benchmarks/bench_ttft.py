@@ -259,9 +259,13 @@ def _time_attention_core(model, timer: _Timer):
         finally:
             timer.stop(tok)
 
-    AttentionInterface.register(CORE_NAME, timed)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(CORE_NAME, ALL_MASK_ATTENTION_FUNCTIONS[name])
-    model.set_attn_implementation(CORE_NAME)
+    # One timed name per wrapped name: each keeps its own mask builder (none for a swap that
+    # builds no mask, such as dense-fa4's).
+    core = f"{CORE_NAME}_{name}"
+    AttentionInterface.register(core, timed)
+    if name in ALL_MASK_ATTENTION_FUNCTIONS:
+        ALL_MASK_ATTENTION_FUNCTIONS.register(core, ALL_MASK_ATTENTION_FUNCTIONS[name])
+    model.set_attn_implementation(core)
     return lambda: model.set_attn_implementation(name)
 
 

@@ -27,6 +27,12 @@ QUESTION = "\nWhat is the secret word?"
 SMOLLM2_START_LAYER = 22
 SMOLLM2_TRIANGLE = MappingProxyType(dict(sink=64, window=128))
 SMOLLM2_VERTICAL_SLASH = MappingProxyType(dict(n_vertical=64, n_slash=128, last_q=64))
+# A Vertical-Slash plan that stays sparse on segments of a few hundred rows (the one above, on 64-row
+# blocks, covers almost every causal pair there), and the prefix's block selection.
+SMOLLM2_SPARSER = MappingProxyType(
+    dict(vertical_slash=dict(n_vertical=16, n_slash=16, last_q=64), block=16)
+)
+SMOLLM2_PREFIX_TOP_K = 2
 RETRIEVAL_WORDS = (
     "apple",
     "river",
@@ -218,19 +224,27 @@ def boundary_samples(tok, *, count: int, filler_sentences: int, seed: int, num_h
     return out
 
 
-def smollm2_sparsity(kind: str | None, model):
-    """The :class:`HostSparsity` of a ``spava+...`` method name for SmolLM2 (constants above)."""
+def smollm2_sparsity(
+    kind: str | None, model, *, vertical_slash=SMOLLM2_VERTICAL_SLASH, block: int = 64
+):
+    """The :class:`HostSparsity` of a ``spava+...`` method name for SmolLM2 (constants above):
+    ``mminference`` (Vertical-Slash ``vertical_slash`` on every head, plans of ``block``),
+    ``trianglemix``, and ``prefix`` (MMInference layers select ``SMOLLM2_PREFIX_TOP_K`` blocks of
+    their prefix), joined by ``+``."""
     if kind is None:
         return None
     from sparse_patterns import HeadConfig, PatternConfig, VerticalSlash
     from triangle_mix import LayerPolicy
 
     from .host_attention import HostSparsity
+    from .prefix_blocks import PrefixBlocks
 
     L, H = model.config.num_hidden_layers, model.config.num_attention_heads
-    patterns = policy = None
+    patterns = policy = prefix = None
+    if "prefix" in kind.split("+"):
+        prefix = PrefixBlocks(top_k=SMOLLM2_PREFIX_TOP_K)
     if "mminference" in kind:
-        heads = (HeadConfig(VerticalSlash(**SMOLLM2_VERTICAL_SLASH)),) * H
+        heads = (HeadConfig(VerticalSlash(**vertical_slash)),) * H
         patterns = PatternConfig(
             model_id="SmolLM2-135M-Instruct", num_layers=L, num_heads=H, layers=(heads,) * L
         )
@@ -239,14 +253,22 @@ def smollm2_sparsity(kind: str | None, model):
         policy = LayerPolicy.triangle_from(
             L, SMOLLM2_START_LAYER, shallow=shallow, **SMOLLM2_TRIANGLE
         )
-    return HostSparsity(patterns=patterns, policy=policy)
+    return HostSparsity(patterns=patterns, policy=policy, block=block, prefix=prefix)
 
 
 def boundary_worker(
-    rank: int, world_size: int, *, count: int, filler_sentences: int, seed: int, methods: list[str]
+    rank: int,
+    world_size: int,
+    *,
+    count: int,
+    filler_sentences: int,
+    seed: int,
+    methods: list[str],
+    sparse_options: dict | None = None,
 ):
     """Worker: each method's predicted word index per sample (rank 0 also runs dense alone).
-    Methods: ``dense``, ``star``, ``spava`` and ``spava+<sparse kind>``."""
+    Methods: ``dense``, ``star``, ``spava`` and ``spava+<sparse kind>``; ``sparse_options``: the
+    keyword arguments of :func:`smollm2_sparsity` (e.g. ``SMOLLM2_SPARSER``)."""
     from .integrations.hf import sharded_generate
 
     model, tok = smollm2()
@@ -268,7 +290,7 @@ def boundary_worker(
                 method=method,
                 max_new_tokens=1,
                 simulate_hosts=1 if method == "dense" else None,
-                sparsity=smollm2_sparsity(kind or None, model),
+                sparsity=smollm2_sparsity(kind or None, model, **(sparse_options or {})),
             )
             row[name] = int(r.first_logits[cand].argmax())
         rows.append(row)

@@ -112,7 +112,7 @@ def test_mminference_host_prefix_part_is_the_selection():
 
 
 def test_errors_name_expected_and_received():
-    from sparse_patterns import PatternConfig
+    from triangle_mix import LayerPolicy
 
     with pytest.raises(ValueError, match="PrefixBlocks.top_k: expected an int >= 1, got 0"):
         PrefixBlocks(top_k=0)
@@ -127,21 +127,19 @@ def test_errors_name_expected_and_received():
     ):
         MMInferenceHost(case_heads(2), prefix=4)
     with pytest.raises(TypeError, match="HostSparsity.prefix: expected a PrefixBlocks .*got str"):
-        HostSparsity(policy=None, patterns=_patterns(PatternConfig), prefix="top2")
-    from triangle_mix import LayerPolicy
-
+        HostSparsity(patterns=_patterns(), prefix="top2")
     with pytest.raises(ValueError, match="prefix is the MMInference layers' setting"):
         HostSparsity(policy=LayerPolicy(("dense", "triangle")), prefix=PrefixBlocks(top_k=1))
 
 
-def _patterns(PatternConfig):
+def _patterns():
+    from sparse_patterns import PatternConfig
+
     heads = case_heads(2)
     return PatternConfig(model_id="m", num_layers=2, num_heads=2, layers=(heads,) * 2)
 
 
 def test_host_sparsity_hands_the_prefix_to_its_mminference_layers():
-    from sparse_patterns import PatternConfig
-
     prefix = PrefixBlocks(top_k=3)
-    host = HostSparsity(patterns=_patterns(PatternConfig), prefix=prefix).for_layer(1)
+    host = HostSparsity(patterns=_patterns(), prefix=prefix).for_layer(1)
     assert isinstance(host, MMInferenceHost) and host.prefix == prefix

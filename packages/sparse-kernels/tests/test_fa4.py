@@ -3,7 +3,13 @@
 
 import pytest
 import torch
-from sparse_kernels import attention, block_sparse_attention, fa4, triangle_attention
+from sparse_kernels import (
+    attention,
+    block_sparse_attention,
+    fa4,
+    merge_attention,
+    triangle_attention,
+)
 from sparse_kernels.attention import attention_reference
 from sparse_kernels.block_sparse import block_mask_to_dense, block_sparse_attention_reference
 from sparse_kernels.testing import assert_close_budget, make_qkv
@@ -68,8 +74,16 @@ def test_fa4_block_lists_refusals():
 
 
 def test_ops_without_an_fa4_kernel_say_so():
-    q, k, v = make_qkv(1, 2, 1, 64, 64, 64, dtype=torch.float16, device="cpu")
-    with pytest.raises(NotImplementedError, match=r"triangle_attention: impl='fa4': .*no kernel"):
+    o, lse = torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8)
+    with pytest.raises(NotImplementedError, match=r"merge_attention: impl='fa4': .*no kernel"):
+        merge_attention([o, o], [lse, lse], impl="fa4")
+
+
+def test_fa4_triangle_refuses_head_dims_over_128():
+    q, k, v = make_qkv(1, 2, 1, 64, 64, 192, dtype=torch.float16, device="cpu")
+    with pytest.raises(
+        NotImplementedError, match=r"triangle attention up to head dim 128 .*, got 192"
+    ):
         triangle_attention(q, k, v, sink=16, window=16, last=16, impl="fa4")
 
 
@@ -78,7 +92,11 @@ def test_auto_off_cuda_is_the_reference_and_never_fa4():
 
 
 def test_auto_table_names_only_ops_with_an_fa4_path():
-    assert {op for op, _ in fa4.AUTO_FA4} <= {"attention", "block_sparse_attention"}
+    assert {op for op, _ in fa4.AUTO_FA4} <= {
+        "attention",
+        "block_sparse_attention",
+        "triangle_attention",
+    }
     assert all(major in fa4.support.ARCH_MAJORS for _, major in fa4.AUTO_FA4)
 
 
@@ -175,3 +193,31 @@ def test_auto_runs_the_table_engine_and_triton_for_what_fa4_cannot():
     q32, k32, v32 = (t.float() for t in (q, k, v))  # fp32: FA4 cannot, auto is triton
     auto = attention(q32, k32, v32, impl="auto")
     assert torch.equal(auto.out, attention(q32, k32, v32, impl="triton").out)
+
+
+# (B, H, H_KV, S_Q, S_KV, D, sink, window, last)
+TRIANGLE_CASES = [
+    (1, 4, 1, 300, 300, 64, 8, 64, 16),
+    (2, 4, 2, 257, 400, 128, 40, 100, 0),
+    (1, 2, 2, 200, 90, 64, 16, 32, 8),
+    (1, 4, 4, 1000, 1000, 96, 1, 1, 1),
+    (1, 28, 4, 4096, 4096, 128, 128, 1024, 128),
+    (1, 28, 4, 4096, 4096, 128, 8, 512, 128),
+]
+
+
+@pytest.mark.gpu
+@needs_fa4
+@pytest.mark.parametrize("dtype", FA4_DTYPES, ids=str)
+@pytest.mark.parametrize("B,H,H_KV,S_Q,S_KV,D,sink,window,last", TRIANGLE_CASES, ids=str)
+def test_fa4_triangle_matches_reference(B, H, H_KV, S_Q, S_KV, D, sink, window, last, dtype):
+    from sparse_kernels.triangle import triangle_attention_reference
+
+    q, k, v = make_qkv(B, H, H_KV, S_Q, S_KV, D, dtype=dtype, device="cuda", seed=S_Q + sink)
+    shape = dict(sink=sink, window=window, last=last)
+    res = triangle_attention(q, k, v, **shape, impl="fa4")
+    gold = triangle_attention_reference(q, k, v, **shape, compute_dtype=torch.float64)
+    low = triangle_attention_reference(q, k, v, **shape, compute_dtype=q.dtype)
+    assert res.out.shape == q.shape and res.lse.shape == (B, H, S_Q)
+    assert_close_budget(res.out, low.out, gold.out, dtype=dtype, name="out")
+    assert_close_budget(res.lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")

@@ -87,6 +87,17 @@ def block_lists_problem(
     return _problem(q, block_size)
 
 
+def triangle_problem(q: torch.Tensor) -> Problem | None:
+    """:func:`problem` for the triangle and A-shape ops, whose sink and last-row parts are our
+    Triton kernels (head dims up to 128)."""
+    if q.shape[-1] > BLOCK_SPARSE_MAX_HEAD_DIM:
+        return NotImplementedError, (
+            f"runs triangle attention up to head dim {BLOCK_SPARSE_MAX_HEAD_DIM} (its sink and "
+            f"last-row parts are Triton kernels), got {q.shape[-1]}"
+        )
+    return _problem(q, None)
+
+
 def _problem(q: torch.Tensor, block_size: tuple[int, int] | None) -> Problem | None:
     # What the input asks for first (testable anywhere), then the machine, then the package.
     if q.dtype not in DTYPES:

@@ -6,6 +6,7 @@ import torch
 
 from .._types import AttentionOutput
 from .._validate import check_qkv, check_scale, check_triton_head_dim, resolve_impl
+from ..fa4 import triangle_problem
 from .reference import triangle_attention_reference
 
 
@@ -47,8 +48,12 @@ def triangle_attention(
         window: local window length (>= 1; the diagonal key counts as one).
         last: number of trailing query rows that attend all their causal keys (>= 0).
         scale: softmax scale, finite and positive; default ``D ** -0.5``.
-        impl: ``"triton"``, ``"reference"`` (scores and softmax in float32) or ``"auto"``
-            (triton on CUDA, reference elsewhere).
+        impl: ``"triton"``, ``"fa4"`` (FA4's sliding window for the window part, our kernels
+            for the sink keys and the last rows: ``docs/kernels/fa4.md``; the ``hopper`` extra,
+            fp16/bf16 on sm90, head dims up to 128; anything else raises, naming why),
+            ``"reference"`` (scores and softmax in float32) or ``"auto"`` (on CUDA, FA4 where
+            :data:`sparse_kernels.fa4.AUTO_FA4` lists the op and FA4 can run the input, else
+            triton; the reference elsewhere).
 
     Non-finite inputs: a NaN or inf in ``k`` at a key that a row does not attend never reaches
     that row (its score is masked before the softmax). In ``v``, a key that no row attends cannot
@@ -67,11 +72,15 @@ def triangle_attention(
     # Larger values select the same keys (j < S_KV, p - j < S_KV, i < S_Q) and would overflow
     # the kernels' int32 arguments and the reference's index arithmetic.
     sink, window, last = min(sink, S_KV), min(window, S_KV), min(last, S_Q)
-    which = resolve_impl(impl, q.device, "triangle_attention")
+    which = resolve_impl(impl, q.device, "triangle_attention", fa4=lambda: triangle_problem(q))
     if which == "reference":
         return triangle_attention_reference(
             q, k, v, sink=sink, window=window, last=last, scale=scale
         )
+    if which == "fa4":
+        from ..fa4.triangle import triangle
+
+        return triangle(q, k, v, sink=sink, window=window, last=last, scale=scale)
     check_triton_head_dim(D, "triangle_attention")
     from .triton import _launch_triangle_fwd
 

@@ -21,6 +21,7 @@ AUTO_FA4 = frozenset(
     {
         ("attention", 9),
         ("block_sparse_attention", 9),
+        ("triangle_attention", 9),
     }
 )
 

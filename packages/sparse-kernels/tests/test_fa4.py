@@ -102,9 +102,12 @@ def test_auto_table_names_only_ops_with_an_fa4_path():
 
 @pytest.mark.skipif(fa4.support.import_problem() is None, reason="flash-attn-4 is installed here")
 def test_missing_package_names_the_extra():
+    from sparse_kernels.__main__ import _fa4_line
+
     assert not fa4.available()
     assert fa4.EXTRA_HINT in fa4.support.import_problem()
     assert fa4.version() is None
+    assert _fa4_line() == f"not installed ({fa4.EXTRA_HINT})"  # python -m sparse_kernels says so
 
 
 # ------------------------------------------------------------------------------------------

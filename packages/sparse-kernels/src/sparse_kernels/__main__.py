@@ -45,7 +45,23 @@ def check() -> int:
     print(f"  time {dt * 1e3:.1f} ms; relative error vs float64 reference (7 heads) {err:.2e}")
     ok = err < 2e-2
     print("  check:", "OK" if ok else "FAILED")
+    print(f"  FlashAttention-4 engine: {_fa4_line()}")
     return 0 if ok else 1
+
+
+def _fa4_line() -> str:
+    """Whether ``impl="auto"`` can pick FA4 here, and if not, why (one line)."""
+    from sparse_kernels import fa4
+
+    if fa4.available():
+        ops = sorted(
+            op for op, major in fa4.AUTO_FA4 if major == torch.cuda.get_device_capability()[0]
+        )
+        return f"flash-attn-4 {fa4.version()}; impl='auto' runs it for {', '.join(ops) or 'no op'}"
+    missing = fa4.support.import_problem()
+    if missing is not None:
+        return f"not installed ({fa4.EXTRA_HINT})"
+    return "installed, but this machine has no GPU it runs on (sm90)"
 
 
 # ---- tune ----

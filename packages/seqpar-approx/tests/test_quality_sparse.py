@@ -18,18 +18,20 @@ results/spava/spava-sparse-quality-smollm2-cpu.jsonl. Command::
 
     SPAVA_QUALITY_JSON=results/spava/spava-sparse-quality-smollm2-cpu.jsonl \
     TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= .venv/bin/python -m pytest \
-        packages/seqpar-approx/tests/test_quality_sparse.py -m slow -k hosts2 -s -p no:cacheprovider
+        packages/seqpar-approx/tests/test_quality_sparse.py -m slow -s -p no:cacheprovider \
+        -k "sparse_hosts and hosts2"
 
 4 ranks: the same prompts (n = 2267: 8 virtual blocks of 277 tokens, two per host; l_a = 35
 split over the hosts, l_p = 17), 10 samples (28 min on the shared 2-core CPU; 20 would take about
 an hour): dense 100%, Star 10%, Spava 100%, Spava + TriangleMix 100%, Spava + MMInference 100%,
 Spava + MMInference + TriangleMix 100%. Per-sample predictions:
 results/spava/spava-sparse-quality-smollm2-cpu-4hosts.jsonl; command: the one above with
-``-k hosts4`` and that file.
+``-k "sparse_hosts and hosts4"`` and that file.
 
 At these lengths the default Vertical-Slash plan (64-row blocks, 128 diagonals) covers almost
-every causal pair of a segment (99.97% at 277 rows on the first prompt), so its two columns test
-the composition's wiring, not MMInference's approximation; the last test uses sparser plans.
+every causal pair of a segment (first prompt: 94% at 2 hosts, 554-row segments; 99.97% at 4
+hosts, 277 rows), so its two columns test the composition's wiring more than MMInference's
+approximation; the last test uses sparser plans.
 """
 
 import json
@@ -86,19 +88,34 @@ def test_smollm2_boundary_needle_sparse_hosts_close_to_spava(hosts, count):
 SPARSER_METHODS = ["spava", "spava+mminference", "spava+mminference+prefix"]
 
 
-def test_smollm2_boundary_needle_sparser_plans_close_to_spava():
-    """The same task at 4 hosts with MMInference plans that stay sparse at this length
-    (``SMOLLM2_SPARSER``: Vertical-Slash 16 columns, 16 diagonals, 16-row blocks; about 39% of
-    the causal pairs of a 277-row segment on the first prompt, where the default plan covers
-    99.97%), and with the prefix's block selection (``+prefix``: 2 blocks of 64 keys, which at
-    this length drops one of the 3 prefix blocks of the last two virtual blocks).
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        pytest.param(
+            2,
+            id="hosts2",
+            marks=pytest.mark.xfail(
+                strict=True, reason="measured: Spava + MMInference 90% vs Spava 100% (10 samples)"
+            ),
+        ),
+        pytest.param(4, id="hosts4"),
+    ],
+)
+def test_smollm2_boundary_needle_sparser_plans_close_to_spava(hosts):
+    """The same task with MMInference plans that stay sparse at this length
+    (``SMOLLM2_SPARSER``: Vertical-Slash 16 columns, 16 diagonals, 16-row blocks; on the first
+    prompt 19% of the causal pairs of a 554-row segment at 2 hosts, 39% of a 277-row one at 4),
+    and with the prefix's block selection (``+prefix``: 2 blocks of 64 keys; at 4 hosts it drops
+    one of the 3 prefix blocks of the last two virtual blocks, at 2 hosts no prefix has more
+    than 2 blocks, so it selects everything).
 
-    Measured 2026-11-26 (4 ranks, 10 samples, 7 min): Spava 100%, Spava + MMInference 100%,
-    Spava + MMInference + prefix selection 100%.
-    results/spava/spava-sparse-quality-smollm2-cpu-4hosts-sparser.jsonl; ``-k sparser``."""
+    Measured 2026-11-26, 10 samples each (``-k "sparser and hostsH"``, results/spava/README.md):
+    4 ranks (7 min): Spava 100%, Spava + MMInference 100%, + prefix selection 100%.
+    2 ranks (8.5 min): Spava 100%, Spava + MMInference 90%, + prefix selection 90% (sample 10:
+    word 19 instead of 11), outside the 2-point criterion: marked xfail (strict)."""
     rows = spawn(
         boundary_worker,
-        4,
+        hosts,
         count=10,
         filler_sentences=90,
         seed=0,
@@ -109,7 +126,7 @@ def test_smollm2_boundary_needle_sparser_plans_close_to_spava():
     )[0]
     acc = {m: 100.0 * sum(r[m] == r["answer"] for r in rows) / len(rows) for m in SPARSER_METHODS}
     report = {
-        "hosts": 4,
+        "hosts": hosts,
         "samples": len(rows),
         "seq_len": rows[0]["seq_len"],
         "sparse_options": {**SMOLLM2_SPARSER, "prefix_top_k": SMOLLM2_PREFIX_TOP_K},

@@ -10,12 +10,15 @@
 FA4_SITE=/tmp/fa4site
 FA4_STASH=/tmp/fa4stash
 mkdir -p "$FA4_STASH"
-for d in .fa4a .fa4b; do [ -d "$d" ] && cp -n "$d"/* "$FA4_STASH"/; done
+for d in .fa4a .fa4b; do [ -d "$d" ] && cp --update=none "$d"/* "$FA4_STASH"/; done
+# Installed into a scratch folder first and moved into place only when every step succeeded, so a
+# broken install never looks complete to a later call.
 if [ ! -d "$FA4_SITE/flash_attn" ] && [ -f "$FA4_STASH/cu13.part.aa" ] && [ -f "$FA4_STASH/cu13.part.ab" ]; then
-  mkdir -p "$FA4_SITE" \
+  rm -rf "$FA4_SITE.tmp" && mkdir -p "$FA4_SITE.tmp" \
     && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$FA4_SITE" "$FA4_STASH"/*.whl \
-    && cat "$FA4_STASH/cu13.part.aa" "$FA4_STASH/cu13.part.ab" | xz -d | tar -x -C "$FA4_SITE" \
+      --target "$FA4_SITE.tmp" "$FA4_STASH"/*.whl \
+    && cat "$FA4_STASH/cu13.part.aa" "$FA4_STASH/cu13.part.ab" | xz -d | tar -x -C "$FA4_SITE.tmp" \
+    && rm -rf "$FA4_SITE" && mv "$FA4_SITE.tmp" "$FA4_SITE" \
     || echo "fa4_env: install failed" >&2
 fi
 if [ -d "$FA4_SITE/flash_attn" ]; then

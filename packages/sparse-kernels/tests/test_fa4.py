@@ -92,12 +92,12 @@ def test_auto_off_cuda_is_the_reference_and_never_fa4():
 
 
 def test_auto_table_names_only_ops_with_an_fa4_path():
-    assert {op for op, _ in fa4.AUTO_FA4} <= {
-        "attention",
-        "block_sparse_attention",
-        "triangle_attention",
-    }
-    assert all(major in fa4.support.ARCH_MAJORS for _, major in fa4.AUTO_FA4)
+    ops = {"attention", "block_sparse_attention", "triangle_attention"}
+    for op, major, dtype, head_dim in fa4.AUTO_FA4:
+        assert op in ops and major in fa4.support.ARCH_MAJORS
+        assert dtype in fa4.support.DTYPES and head_dim % fa4.support.HEAD_DIM_STEP == 0
+    q = torch.zeros(1, 2, 8, 128, dtype=torch.bfloat16)
+    assert not fa4.auto_prefers("attention", q)  # off CUDA, never
 
 
 @pytest.mark.skipif(fa4.support.import_problem() is None, reason="flash-attn-4 is installed here")
@@ -223,4 +223,50 @@ def test_fa4_triangle_matches_reference(B, H, H_KV, S_Q, S_KV, D, sink, window, 
     low = triangle_attention_reference(q, k, v, **shape, compute_dtype=q.dtype)
     assert res.out.shape == q.shape and res.lse.shape == (B, H, S_Q)
     assert_close_budget(res.out, low.out, gold.out, dtype=dtype, name="out")
+    assert_close_budget(res.lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
+
+
+def _stand_in_flash_attn(monkeypatch):
+    """A plain-PyTorch ``flash_attn.cute`` with the one call the triangle engine makes (FA4's
+    sliding window, ``[B, S, H, D]`` in and out), so that the engine's split runs here."""
+    import sys
+    import types
+
+    from sparse_kernels.attention import masked_attention_reference
+
+    def flash_attn_func(q, k, v, *, softmax_scale, causal, window_size, return_lse):
+        assert not causal and window_size[1] == 0 and return_lse
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        S_Q, S_KV = q.shape[2], k.shape[2]
+        p = torch.arange(S_Q)[:, None] + (S_KV - S_Q)
+        j = torch.arange(S_KV)[None, :]
+        mask = (j <= p) & (p - j <= window_size[0])
+        res = masked_attention_reference(q, k, v, mask, scale=softmax_scale)
+        return res.out.transpose(1, 2).contiguous(), res.lse
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = flash_attn_func
+    pkg = types.ModuleType("flash_attn")
+    pkg.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+
+
+@pytest.mark.parametrize(
+    "S_Q,S_KV,sink,window,last",
+    [(150, 150, 8, 32, 16), (120, 70, 16, 8, 8), (97, 200, 40, 50, 0), (64, 64, 64, 64, 64)],
+    ids=str,
+)
+def test_triangle_engine_split_is_exact(monkeypatch, S_Q, S_KV, sink, window, last):
+    """Window (FA4's part, a stand-in here) + sink merge + split-K last rows = the pattern."""
+    from sparse_kernels.fa4.triangle import triangle
+    from sparse_kernels.triangle import triangle_attention_reference
+
+    _stand_in_flash_attn(monkeypatch)
+    q, k, v = make_qkv(1, 4, 2, S_Q, S_KV, 64, dtype=torch.float32, device="cpu", seed=S_Q)
+    shape = dict(sink=sink, window=window, last=last, scale=0.125)
+    res = triangle(q, k, v, **shape)
+    gold = triangle_attention_reference(q, k, v, **shape, compute_dtype=torch.float64)
+    low = triangle_attention_reference(q, k, v, **shape)
+    assert_close_budget(res.out, low.out, gold.out, dtype=torch.float32, name="out")
     assert_close_budget(res.lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")

@@ -210,9 +210,16 @@ def test_dense_attention_matches_sdpa_logits(impl):
     torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
 
 
-def test_dense_attention_refuses_padding_masks():
+def test_dense_attention_refuses_what_it_would_ignore():
     from sparse_kernels.integrations.hf import dense_attention
 
-    q = torch.zeros(1, 2, 4, 8)
-    with pytest.raises(NotImplementedError, match="padding masks"):
-        dense_attention()(None, q, q, q, torch.ones(1, 1, 4, 4, dtype=torch.bool))
+    model = _llama(seed=3).float()
+    ids = _ids(B=2, S=12)
+    pad = torch.ones(2, 12, dtype=torch.long)
+    pad[1, :5] = 0  # the second prompt left-padded: transformers builds no mask for mask=None
+    with swap_attention(model, dense_attention(impl="reference"), name="test_dense_refuse"):
+        with pytest.raises(NotImplementedError, match="a batch of 2 prompts"):
+            _logits(model, ids, attention_mask=pad)
+    fn, q = dense_attention(), torch.zeros(1, 2, 4, 8)
+    with pytest.raises(NotImplementedError, match=r"sliding_window=4096, an attention mask"):
+        fn(None, q, q, q, torch.ones(1, 1, 4, 4, dtype=torch.bool), sliding_window=4096)

@@ -6,7 +6,7 @@ import torch
 from sparse_kernels.attention import masked_attention_reference
 from sparse_kernels.testing import assert_close_budget, default_device, kernel_dtypes, make_qkv
 from sparse_kernels.triangle import triangle_attention_reference
-from sparse_kernels.triangle.sink_merge_triton import launch_sink_merge_
+from sparse_kernels.triangle.sink_merge_triton import _launch_sink_merge_fwd
 
 DEV = default_device()
 
@@ -19,18 +19,20 @@ def _window_only(q, k, v, window, scale):
     return masked_attention_reference(q, k, v, (j <= p) & (p - j < window), scale=scale)
 
 
-# (B, H, H_KV, S_Q, S_KV, D, sink, window, bshd)
+# (B, H, H_KV, S_Q, S_KV, D, sink, window, bshd, rows left after row_hi)
 CASES = [
-    (1, 4, 2, 150, 150, 64, 8, 32, False),
-    (2, 2, 1, 97, 200, 64, 40, 50, True),
-    (1, 2, 2, 120, 70, 32, 16, 8, False),
-    (1, 3, 1, 64, 64, 80, 100, 1, True),
+    (1, 4, 2, 150, 150, 64, 8, 32, False, 0),
+    (2, 2, 1, 97, 200, 64, 40, 50, True, 20),
+    (1, 2, 2, 120, 70, 32, 16, 8, False, 33),
+    (1, 3, 1, 64, 64, 80, 100, 1, True, 0),
 ]
 
 
 @pytest.mark.parametrize("dtype", kernel_dtypes(), ids=str)
-@pytest.mark.parametrize("B,H,H_KV,S_Q,S_KV,D,sink,window,bshd", CASES, ids=str)
-def test_sink_merge_gives_the_a_shape_rows(B, H, H_KV, S_Q, S_KV, D, sink, window, bshd, dtype):
+@pytest.mark.parametrize("B,H,H_KV,S_Q,S_KV,D,sink,window,bshd,tail", CASES, ids=str)
+def test_sink_merge_gives_the_a_shape_rows(
+    B, H, H_KV, S_Q, S_KV, D, sink, window, bshd, tail, dtype
+):
     q, k, v = make_qkv(B, H, H_KV, S_Q, S_KV, D, dtype=dtype, device=DEV, seed=S_Q + sink)
     scale = D**-0.5
     win = _window_only(q, k, v, window, scale)
@@ -39,14 +41,19 @@ def test_sink_merge_gives_the_a_shape_rows(B, H, H_KV, S_Q, S_KV, D, sink, windo
     else:
         out = win.out.clone()
     lse = win.lse.clone()
-    row_lo = max(0, window - (S_KV - S_Q))
-    launch_sink_merge_(
-        out, lse, q, k, v, sink=sink, window=window, row_lo=row_lo, row_hi=S_Q, scale=scale
+    row_lo, row_hi = max(0, window - (S_KV - S_Q)), S_Q - tail
+    _launch_sink_merge_fwd(
+        out, lse, q, k, v, sink=sink, window=window, row_lo=row_lo, row_hi=row_hi, scale=scale
     )
     shape = dict(sink=sink, window=window, last=0, scale=scale)
     gold = triangle_attention_reference(q, k, v, **shape, compute_dtype=torch.float64)
     low = triangle_attention_reference(q, k, v, **shape, compute_dtype=q.dtype)
-    assert_close_budget(out, low.out, gold.out, dtype=dtype, name="out")
-    assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
-    # Rows before row_lo are left exactly as the window gave them.
-    assert torch.equal(out[:, :, :row_lo], win.out[:, :, :row_lo])
+    rows = slice(0, row_hi)
+    assert_close_budget(out[:, :, rows], low.out[:, :, rows], gold.out[:, :, rows], dtype=dtype)
+    assert_close_budget(
+        lse[:, :, rows], low.lse[:, :, rows], gold.lse[:, :, rows], dtype=torch.float32, floor=1e-3
+    )
+    # Rows outside [row_lo, row_hi) are left exactly as the window gave them.
+    for outside in (slice(0, row_lo), slice(row_hi, S_Q)):
+        assert torch.equal(out[:, :, outside], win.out[:, :, outside])
+        assert torch.equal(lse[:, :, outside], win.lse[:, :, outside])

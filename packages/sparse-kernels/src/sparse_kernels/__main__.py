@@ -54,10 +54,10 @@ def _fa4_line() -> str:
     from sparse_kernels import fa4
 
     if fa4.available():
-        ops = sorted(
-            op for op, major in fa4.AUTO_FA4 if major == torch.cuda.get_device_capability()[0]
-        )
-        return f"flash-attn-4 {fa4.version()}; impl='auto' runs it for {', '.join(ops) or 'no op'}"
+        major = torch.cuda.get_device_capability()[0]
+        keys = sorted(f"{op} ({str(dt).removeprefix('torch.')}, D={d})"
+                      for op, m, dt, d in fa4.AUTO_FA4 if m == major)  # fmt: skip
+        return f"flash-attn-4 {fa4.version()}; impl='auto' runs it for {', '.join(keys) or 'no op'}"
     missing = fa4.support.import_problem()
     if missing is not None:
         return f"not installed ({fa4.EXTRA_HINT})"

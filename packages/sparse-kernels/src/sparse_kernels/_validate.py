@@ -91,14 +91,16 @@ def resolve_impl(
     op: str,
     *,
     fa4: Callable[[], tuple[type[Exception], str] | None] | None = None,
+    like: torch.Tensor | None = None,
 ) -> str:
     """The engine that runs ``op``: ``"reference"``, ``"triton"`` or ``"fa4"``.
 
     ``fa4`` is given by the ops FlashAttention-4 can run: it says why FA4 cannot run this input
-    (``(exception type, reason)``) or ``None``. ``"fa4"`` raises that reason (or, for an op
-    without ``fa4``, that FA4 has no kernel for it). ``"auto"`` is the reference off CUDA; on
-    CUDA it is FA4 where :data:`sparse_kernels.fa4.AUTO_FA4` lists the op for the GPU and FA4
-    can run the input, else triton.
+    (``(exception type, reason)``) or ``None``; ``like`` is the op's ``q`` (its GPU, dtype and
+    head dim key the auto table). ``"fa4"`` raises that reason (or, for an op without ``fa4``,
+    that FA4 has no kernel for it). ``"auto"`` is the reference off CUDA; on CUDA it is FA4 where
+    :data:`sparse_kernels.fa4.AUTO_FA4` lists the op for ``like`` and FA4 can run the input, else
+    triton.
     """
     if impl not in IMPLS:
         raise ValueError(f"{op}: impl must be one of {IMPLS}, got {impl!r}")
@@ -116,7 +118,7 @@ def resolve_impl(
     if impl == "auto":
         if device.type != "cuda":
             return "reference"
-        if fa4 is not None and _auto_prefers_fa4(op, device) and fa4() is None:
+        if fa4 is not None and like is not None and _auto_prefers_fa4(op, like) and fa4() is None:
             return "fa4"
         return "triton"
     if impl == "triton" and not (
@@ -129,10 +131,10 @@ def resolve_impl(
     return impl
 
 
-def _auto_prefers_fa4(op: str, device: torch.device) -> bool:
-    from .fa4 import AUTO_FA4
+def _auto_prefers_fa4(op: str, like: torch.Tensor) -> bool:
+    from .fa4 import auto_prefers
 
-    return (op, torch.cuda.get_device_capability(device)[0]) in AUTO_FA4
+    return auto_prefers(op, like)
 
 
 def check_triton_head_dim(D: int, op: str) -> None:

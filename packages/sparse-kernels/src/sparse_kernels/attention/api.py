@@ -50,7 +50,7 @@ def attention(
     _, _, _, _, _, D = check_qkv(q, k, v)
     scale = check_scale(scale, D)
     causal = check_bool(causal, "causal", "attention")
-    which = resolve_impl(impl, q.device, "attention", fa4=lambda: fa4_problem(q))
+    which = resolve_impl(impl, q.device, "attention", fa4=lambda: fa4_problem(q), like=q)
     if which == "reference":
         return attention_reference(q, k, v, causal=causal, scale=scale)
     if which == "fa4":

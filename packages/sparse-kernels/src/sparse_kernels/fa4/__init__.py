@@ -2,12 +2,17 @@
 
 With ``flash-attn-4`` installed, on a tested GPU (:data:`~sparse_kernels.fa4.support.ARCH_MAJORS`),
 :func:`~sparse_kernels.attention`, :func:`~sparse_kernels.block_sparse_attention` and
-:func:`~sparse_kernels.triangle_attention` (with ``a_shape_attention``) take ``impl="fa4"``, and ``impl="auto"`` picks FA4 where it was measured faster (:data:`AUTO_FA4`). Without it nothing changes: Triton stays the default engine.
+:func:`~sparse_kernels.triangle_attention` (with ``a_shape_attention``) take ``impl="fa4"``;
+``impl="auto"`` picks FA4 where :data:`AUTO_FA4` lists the op, GPU, dtype and head dim (measured
+faster there). Without the extra nothing changes: Triton stays the default engine. Every engine is
+forward-only: FA4's calls run without autograd, like the Triton kernels.
 """
 
 from .support import (
+    AUTO_FA4,
     EXTRA_HINT,
     TESTED_VERSION,
+    auto_prefers,
     available,
     block_lists_problem,
     problem,
@@ -15,20 +20,11 @@ from .support import (
     version,
 )
 
-# (op, compute-capability major) pairs where impl="auto" runs FA4 when FA4 can run the input:
-# where it was measured faster than our Triton kernel (docs/results.md, "FA4 engine").
-AUTO_FA4 = frozenset(
-    {
-        ("attention", 9),
-        ("block_sparse_attention", 9),
-        ("triangle_attention", 9),
-    }
-)
-
 __all__ = [
     "AUTO_FA4",
     "EXTRA_HINT",
     "TESTED_VERSION",
+    "auto_prefers",
     "available",
     "block_lists_problem",
     "problem",

@@ -6,6 +6,8 @@ back as the ``[B, H, S, D]`` view of FA4's ``[B, S, H, D]`` buffer. Our block li
 FA4's layout (FlexAttention's ``BlockMask`` lists), so they are handed over without conversion.
 
 Callers check :func:`sparse_kernels.fa4.support.problem` first; this module assumes it passed.
+FA4's entry point is an autograd function; it runs here without autograd, so that every engine
+is forward-only alike and no layer keeps its inputs alive for a backward that is never run.
 """
 
 from __future__ import annotations
@@ -19,15 +21,26 @@ def _bshd(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2)
 
 
+def _fa4_list(t: torch.Tensor | None, width: int | None = None) -> torch.Tensor | None:
+    """A list as FA4 takes it: at most ``width`` entries (our checked lists hold each of the
+    ``width`` key blocks at most once, so nothing listed is cut) and a contiguous last dim."""
+    if t is None:
+        return None
+    if width is not None and t.shape[-1] > width:
+        t = t[..., :width]
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def dense(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float
 ) -> AttentionOutput:
     """FA4 dense attention. Causal alignment is bottom-right, as ours (DESIGN.md)."""
     from flash_attn.cute import flash_attn_func
 
-    out, lse = flash_attn_func(
-        _bshd(q), _bshd(k), _bshd(v), softmax_scale=scale, causal=causal, return_lse=True
-    )
+    with torch.no_grad():
+        out, lse = flash_attn_func(
+            _bshd(q), _bshd(k), _bshd(v), softmax_scale=scale, causal=causal, return_lse=True
+        )
     return AttentionOutput(out.transpose(1, 2), lse)
 
 
@@ -49,15 +62,17 @@ def block_sparse(
     from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
 
     num, idx, full_num, full_idx = lists
+    nkb = -(-k.shape[2] // block_size[1])
     tensors = BlockSparseTensorsTorch(
-        mask_block_cnt=num,
-        mask_block_idx=idx,
-        full_block_cnt=full_num,
-        full_block_idx=full_idx,
+        mask_block_cnt=_fa4_list(num),
+        mask_block_idx=_fa4_list(idx, nkb),
+        full_block_cnt=_fa4_list(full_num),
+        full_block_idx=_fa4_list(full_idx, nkb),
         block_size=block_size,
     )
-    out, lse = flash_attn_func(
-        _bshd(q), _bshd(k), _bshd(v),
-        softmax_scale=scale, causal=causal, block_sparse_tensors=tensors, return_lse=True,
-    )  # fmt: skip
+    with torch.no_grad():
+        out, lse = flash_attn_func(
+            _bshd(q), _bshd(k), _bshd(v),
+            softmax_scale=scale, causal=causal, block_sparse_tensors=tensors, return_lse=True,
+        )  # fmt: skip
     return AttentionOutput(out.transpose(1, 2), lse)

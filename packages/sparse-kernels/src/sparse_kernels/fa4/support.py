@@ -10,9 +10,13 @@ import functools
 from importlib import metadata
 
 import torch
+from packaging.version import InvalidVersion, Version
+
+from .._validate import TRITON_MAX_HEAD_DIM
 
 EXTRA_HINT = "pip install 'sparse-kernels[hopper]'"
-# The FA4 release this engine is written and tested against (the `hopper` extra pins it).
+# The FA4 release this engine is written and tested against (the `hopper` extra pins it); FA4 is
+# a beta whose interface moves between releases, so another version is refused, not guessed at.
 TESTED_VERSION = "4.0.0b36"
 # Compute-capability majors the engine runs on: tested on sm90 (H100, H200) only.
 ARCH_MAJORS = (9,)
@@ -23,17 +27,34 @@ HEAD_DIM_STEP = 8
 # Block-sparse on sm90: FA4's tile must divide the sparse block. Its tile is 128x128 up to head
 # dim 128 and shrinks to 64 rows / 64 keys when the blocks ask for it; larger head dims use
 # other tiles, so block lists run up to head dim 128.
+# (block_sparse_attention refuses other block sizes itself; the check here is the engine's own
+# statement, for any caller of block_lists_problem.)
 BLOCK_SIZES = (64, 128)
 BLOCK_SPARSE_MAX_HEAD_DIM = 128
 
 
 @functools.cache
 def import_problem() -> str | None:
-    """``None`` when ``flash_attn.cute`` imports, else the reason (once per process)."""
+    """``None`` when the tested ``flash_attn.cute`` imports, else the reason (once per process).
+    Any failure counts (a CUDA DSL library that does not load raises more than ImportError):
+    the reason names it, and ``impl="auto"`` then runs Triton."""
     try:
         import flash_attn.cute  # noqa: F401
-    except ImportError as e:
-        return f"flash-attn-4 is not importable ({e}); install it with {EXTRA_HINT}"
+    except Exception as e:  # noqa: BLE001 - reported, never swallowed: it becomes the reason
+        return (
+            f"flash-attn-4 is not importable ({type(e).__name__}: {e}); install it with "
+            f"{EXTRA_HINT}"
+        )
+    got = version()
+    try:
+        same = got is not None and Version(got) == Version(TESTED_VERSION)
+    except InvalidVersion:
+        same = False
+    if not same:
+        return (
+            f"needs flash-attn-4 {TESTED_VERSION} (the version it is tested with), got {got}; "
+            f"install it with {EXTRA_HINT}"
+        )
     return None
 
 
@@ -89,10 +110,10 @@ def block_lists_problem(
 
 def triangle_problem(q: torch.Tensor) -> Problem | None:
     """:func:`problem` for the triangle and A-shape ops, whose sink and last-row parts are our
-    Triton kernels (head dims up to 128)."""
-    if q.shape[-1] > BLOCK_SPARSE_MAX_HEAD_DIM:
+    Triton kernels (head dims up to ``TRITON_MAX_HEAD_DIM``)."""
+    if q.shape[-1] > TRITON_MAX_HEAD_DIM:
         return NotImplementedError, (
-            f"runs triangle attention up to head dim {BLOCK_SPARSE_MAX_HEAD_DIM} (its sink and "
+            f"runs triangle attention up to head dim {TRITON_MAX_HEAD_DIM} (its sink and "
             f"last-row parts are Triton kernels), got {q.shape[-1]}"
         )
     return _problem(q, None)
@@ -126,3 +147,23 @@ def _problem(q: torch.Tensor, block_size: tuple[int, int] | None) -> Problem | N
     if missing is not None:
         return ImportError, missing
     return None
+
+
+# Where impl="auto" runs FA4 (when FA4 can run the input): (op, compute-capability major, dtype,
+# head dim), each measured faster than our Triton kernel there (docs/kernels/fa4.md, whose table
+# gives the figures and the one shape where an entry is not faster).
+AUTO_FA4 = frozenset(
+    {
+        ("attention", 9, torch.bfloat16, 128),
+        ("block_sparse_attention", 9, torch.bfloat16, 128),
+        ("triangle_attention", 9, torch.bfloat16, 128),
+    }
+)
+
+
+def auto_prefers(op: str, q: torch.Tensor) -> bool:
+    """Whether :data:`AUTO_FA4` lists ``op`` for ``q``'s GPU, dtype and head dim."""
+    if q.device.type != "cuda":
+        return False
+    major = torch.cuda.get_device_capability(q.device)[0]
+    return (op, major, q.dtype, q.shape[-1]) in AUTO_FA4

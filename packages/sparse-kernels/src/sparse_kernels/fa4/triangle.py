@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .._types import AttentionOutput
+from .engine import _bshd
 
 
 def triangle(
@@ -29,19 +30,20 @@ def triangle(
     """``sink``, ``window`` (>= 1) and ``last`` already clipped to the lengths by the op."""
     from flash_attn.cute import flash_attn_func
 
-    from ..triangle.sink_merge_triton import launch_sink_merge_
+    from ..triangle.sink_merge_triton import _launch_sink_merge_fwd
     from ..triangle.triton import _launch_triangle_fwd
 
     S_Q, S_KV = q.shape[2], k.shape[2]
-    out, lse = flash_attn_func(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        softmax_scale=scale, causal=False, window_size=(window - 1, 0), return_lse=True,
-    )  # fmt: skip
+    with torch.no_grad():  # forward only, like every engine (engine.py)
+        out, lse = flash_attn_func(
+            _bshd(q), _bshd(k), _bshd(v),
+            softmax_scale=scale, causal=False, window_size=(window - 1, 0), return_lse=True,
+        )  # fmt: skip
     out = out.transpose(1, 2)
     a_hi = S_Q - last  # rows [0, a_hi) are A-shape rows
     # The first row with a sink key before its window sits at position `window`.
     a_lo = max(0, window - (S_KV - S_Q))
-    launch_sink_merge_(
+    _launch_sink_merge_fwd(
         out, lse, q, k, v, sink=sink, window=window, row_lo=a_lo, row_hi=a_hi, scale=scale
     )
     if last:

@@ -338,17 +338,30 @@ def dense_attention(*, impl: str = "auto") -> Callable:
     """An ``AttentionInterface`` function for :func:`swap_attention` (with ``mask=None``): dense
     causal attention by :func:`sparse_kernels.attention` with engine ``impl`` (``"fa4"``,
     ``"triton"``, ``"auto"``, ``"reference"``), causality bottom-right aligned as a chunked
-    prefill or a decode step needs it. Padding masks are refused (``NotImplementedError``), as
-    is dropout. ``impl`` itself is checked on the first call, by the op."""
+    prefill or a decode step needs it. For one prompt at a time: with ``mask=None`` transformers
+    builds no padding mask, so a batch (which may be padded) is refused, as are what the
+    function would otherwise ignore: dropout, a non-causal module, sliding windows, soft-capping
+    and attention sinks (``NotImplementedError``, naming which). Not for a static cache, whose
+    keys are padded to its length. ``impl`` itself is checked on the first call, by the op."""
 
     def fn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        refused = [
+            f"{name}={kwargs[name]!r}"
+            for name in ("sliding_window", "softcap", "s_aux")
+            if kwargs.get(name) is not None
+        ]
+        if query.shape[0] != 1:
+            refused.append(f"a batch of {query.shape[0]} prompts (run them one at a time)")
         if attention_mask is not None:
-            raise NotImplementedError(
-                "dense_attention: padding masks (batched prompts of different lengths) are not "
-                "supported; swap with mask=None so that transformers builds none"
-            )
+            refused.append("an attention mask (swap with mask=None)")
         if dropout:
-            raise NotImplementedError(f"dense_attention: expected dropout 0, got {dropout}")
+            refused.append(f"dropout={dropout}")
+        if getattr(module, "is_causal", True) is False:
+            refused.append("a non-causal attention module")
+        if refused:
+            raise NotImplementedError(
+                "dense_attention: expected one prompt's causal attention, got " + ", ".join(refused)
+            )
         scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
         out = attention(query, key, value, causal=True, scale=scale, impl=impl).out
         return out.transpose(1, 2).contiguous(), None

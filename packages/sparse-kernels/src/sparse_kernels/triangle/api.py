@@ -72,7 +72,9 @@ def triangle_attention(
     # Larger values select the same keys (j < S_KV, p - j < S_KV, i < S_Q) and would overflow
     # the kernels' int32 arguments and the reference's index arithmetic.
     sink, window, last = min(sink, S_KV), min(window, S_KV), min(last, S_Q)
-    which = resolve_impl(impl, q.device, "triangle_attention", fa4=lambda: triangle_problem(q))
+    which = resolve_impl(
+        impl, q.device, "triangle_attention", fa4=lambda: triangle_problem(q), like=q
+    )
     if which == "reference":
         return triangle_attention_reference(
             q, k, v, sink=sink, window=window, last=last, scale=scale

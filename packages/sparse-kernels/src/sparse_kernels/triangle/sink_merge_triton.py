@@ -20,7 +20,7 @@ from .._triton.inner import _attn_tile_inner, _finish_rows
 
 
 @triton.jit
-def _sink_merge_kernel(
+def _sink_merge_fwd_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -109,7 +109,7 @@ def _sink_merge_kernel(
     tl.store(l_ptrs, lse, mask=row_ok)
 
 
-def launch_sink_merge_(
+def _launch_sink_merge_fwd(
     out: torch.Tensor,
     lse: torch.Tensor,
     q: torch.Tensor,
@@ -137,7 +137,7 @@ def launch_sink_merge_(
     else:
         block_m, block_n, warps = 128, 32 if sink <= 32 else 64, 8
     grid = (triton.cdiv(row_hi - row_lo, block_m), B * H)
-    _sink_merge_kernel[grid](
+    _sink_merge_fwd_kernel[grid](
         q, k, v, out, lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
         H, H // H_KV, S_Q, S_KV, row_lo, row_hi, sink, window, scale,

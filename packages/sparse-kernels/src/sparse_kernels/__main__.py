@@ -60,7 +60,7 @@ def _fa4_line() -> str:
         return f"flash-attn-4 {fa4.version()}; impl='auto' runs it for {', '.join(keys) or 'no op'}"
     missing = fa4.support.import_problem()
     if missing is not None:
-        return f"not installed ({fa4.EXTRA_HINT})"
+        return f"unavailable: {missing}"
     return "installed, but this machine has no GPU it runs on (sm90)"
 
 

@@ -495,12 +495,12 @@ def main(argv=None):
     if bad:
         p.error(f"--methods: unknown {bad}, expected a subset of {METHODS}")
     args.dense_ok = lambda n: n <= args.max_dense_len
-    rank, H = init_distributed(timeout_s=1800)
+    # --smoke is a CPU/gloo dry run wherever it runs (a GPU machine with fewer GPUs than ranks too).
+    on_gpu = torch.cuda.is_available() and not args.smoke
+    rank, H = init_distributed(timeout_s=1800, backend=None if on_gpu else "gloo")
     if not dist.is_initialized():
         p.error("run under torchrun (e.g. torchrun --nproc-per-node 2 bench_spava.py)")
-    device = torch.device(
-        f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
-    )
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     m = dict(MODEL_SMOKE if args.smoke else MODEL_7B)
     if args.layers:

@@ -26,6 +26,9 @@ TUNED = {
 FIXED_TILES = {
     "sparse_kernels.grid_index.search_triton": "one program per head over a period-wide fold: "
     "its tiles follow the period (_search_setup), a few microseconds per layer",
+    "sparse_kernels.triangle.sink_merge_triton": "the FA4 triangle engine's sink pass: one read "
+    "of q and of the window's result per row tile over a few sink keys, memory-bound; one "
+    "config per dtype, timed only inside that engine (docs/results.md)",
 }
 # Constexpr parameters that are a tile choice (rows, keys, or offset blocks per program): a kernel
 # taking one is launched with a config, which must come from a SPEC.

@@ -60,6 +60,19 @@ def _usage_error(argv, monkeypatch, capsys):
             id="start-unused",
         ),
         pytest.param(
+            ["--sparse", "trianglemix", "--prefix-blocks", "4"],
+            2,
+            "--prefix-blocks: expected with --sparse mminference or mminference+trianglemix, got "
+            "--sparse trianglemix",
+            id="prefix-unused",
+        ),
+        pytest.param(
+            ["--sparse", "mminference", "--config", "{tmp}/c.json", "--prefix-blocks", "0"],
+            2,
+            "argument --prefix-blocks: expected an integer >= 1, got 0",
+            id="prefix-zero",
+        ),
+        pytest.param(
             ["--sparse", "mminference", "--config", "{tmp}/none.json"],
             3,
             "--config: expected a pattern config JSON file, got '{tmp}/none.json'",
@@ -133,3 +146,16 @@ def test_tiny_demo_with_mminference_and_trianglemix(tmp_path, capsys):
         sum(r[k] for k in ("attention_s", "estimation_s", "mlp_s", "communication_s"))
         <= (r["prefill_s"])
     )
+
+
+def test_prefix_blocks_reach_the_mminference_layers(tmp_path):
+    from seqpar_approx import PrefixBlocks
+    from seqpar_approx.integrations.hf import tiny_qwen2_5_vl_config
+    from spava_run.parser import build_parser
+    from spava_run.sparse import sparsity_for
+
+    cfg = tmp_path / "p.json"
+    _tiny_patterns(cfg)
+    argv = ["--tiny-demo", "--sparse", "mminference", "--config", str(cfg), "--prefix-blocks", "3"]
+    args = build_parser().parse_args(argv)
+    assert sparsity_for(args, tiny_qwen2_5_vl_config()).prefix == PrefixBlocks(top_k=3)

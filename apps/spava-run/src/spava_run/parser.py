@@ -152,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="TriangleMix: first triangle layer (default: half the layers)",
     )
+    p.add_argument(
+        "--prefix-blocks",
+        type=_int_at_least(1),
+        default=None,
+        metavar="K",
+        help="MMInference hosts attend K key blocks of 64 per head of their prefix (anchor and "
+        "passing keys), chosen from the segment's last rows (default: every prefix key)",
+    )
     p.add_argument("--no-overlap", action="store_true", help="ablation: synchronous collectives")
     p.add_argument(
         "--no-frame-parallel", action="store_true", help="ablation: every rank encodes all frames"

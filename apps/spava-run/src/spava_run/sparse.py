@@ -1,5 +1,5 @@
-"""``--sparse``, ``--config`` and ``--start-layer``: their checks before torch loads, and the
-``seqpar_approx.HostSparsity`` they map to once the model's config is known."""
+"""``--sparse``, ``--config``, ``--start-layer`` and ``--prefix-blocks``: their checks before torch
+loads, and the ``seqpar_approx.HostSparsity`` they map to once the model's config is known."""
 
 from __future__ import annotations
 
@@ -44,6 +44,12 @@ def check_sparse_args(args: argparse.Namespace) -> None:
             f"got --sparse {sparse}",
             EXIT_USAGE,
         )
+    if args.prefix_blocks is not None and not wants_config:
+        raise CliError(
+            f"--prefix-blocks: expected with --sparse mminference or mminference+trianglemix, got "
+            f"--sparse {sparse}",
+            EXIT_USAGE,
+        )
     if args.config is not None:
         path = Path(args.config)
         if not path.is_file():
@@ -59,7 +65,7 @@ def sparsity_for(args, model_config):
     mismatch is a CliError before the weights load."""
     if args.sparse is None:
         return None
-    from seqpar_approx import HostSparsity
+    from seqpar_approx import HostSparsity, PrefixBlocks
     from sparse_patterns import PatternConfig
     from triangle_mix import LayerPolicy
 
@@ -87,7 +93,8 @@ def sparsity_for(args, model_config):
             )
         shallow = "dynamic" if patterns is not None else "dense"
         policy = LayerPolicy.triangle_from(n_layers, start, shallow=shallow)
-    return HostSparsity(patterns=patterns, policy=policy)
+    prefix = None if args.prefix_blocks is None else PrefixBlocks(top_k=args.prefix_blocks)
+    return HostSparsity(patterns=patterns, policy=policy, prefix=prefix)
 
 
 def model_config(args):

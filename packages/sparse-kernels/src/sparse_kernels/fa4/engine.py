@@ -3,7 +3,8 @@
 FA4 takes ``[B, S, H, D]``: the ``transpose(1, 2)`` views of our tensors are passed as they are
 (FA4 reads any strides whose last one is 1), so no copy is made on the way in; the output comes
 back as the ``[B, H, S, D]`` view of FA4's ``[B, S, H, D]`` buffer. Our block lists are already
-FA4's layout (FlexAttention's ``BlockMask`` lists), so they are handed over without conversion.
+FA4's layout (FlexAttention's ``BlockMask`` lists): they are handed over as views, cut to the
+key-block count FA4 accepts, and copied only when their last dim is strided.
 
 Callers check :func:`sparse_kernels.fa4.support.problem` first; this module assumes it passed.
 FA4's entry point is an autograd function; it runs here without autograd, so that every engine

@@ -3,8 +3,11 @@ D=128, bf16): our op on each engine vs MInference 0.1.6 ``vertical_slash_sparse_
 FlexAttention (Triton and FA4 backends) on the same attended set, with FA4 and cuDNN dense causal
 attention as the dense baselines.
 
-1000 verticals and 6096 slashes per head, 64x64 tiles, the same indices for every provider
-(MInference gets K/V repeated to 28 heads once, outside the timed call: it has no GQA). Three
+1000 verticals and 6096 slashes per head, the same indices for every provider; our index's tiles
+are 64x64 (MInference's) unless ``SPARSE_KERNELS_BENCH_VS_TILE=128`` asks for 128x128, whose
+attended set is a superset (each slash rounds to a wider band); MInference always runs its own
+64x64 tiles, the record's ``block_m``/``block_n`` are ours (MInference gets K/V repeated to 28
+heads once, outside the timed call: it has no GQA). Three
 slash distributions: ``local`` (offsets ``0..6095``, one band), ``random`` (the 64 local offsets
 plus uniform distinct offsets in ``[64, S)``; after tile rounding close to dense) and
 ``clustered`` (the 64 local offsets plus runs of 64 adjacent offsets at log-uniform starts, as
@@ -62,7 +65,10 @@ pytestmark = pytest.mark.gpu
 B, H, H_KV, D = QWEN25_VL_7B
 NV, NS, LOCAL = 1000, 6096, 64
 RUN = 64  # clustered slashes come in runs of RUN adjacent offsets
-BM = BN = 64
+_TILE = os.environ.get("SPARSE_KERNELS_BENCH_VS_TILE", "64")
+if _TILE not in ("64", "128"):
+    raise ValueError(f"SPARSE_KERNELS_BENCH_VS_TILE: expected 64 or 128, got {_TILE!r}")
+BM = BN = int(_TILE)
 SEQS = bench_seqs(os.environ.get("SPARSE_KERNELS_BENCH_SEQS"))
 SLASHES = ["local", "random", "clustered"]
 DENSE = ("fa4", "cudnn")  # dense baselines: timed once per length, not the same op
@@ -110,35 +116,36 @@ def _attended_pairs(idx) -> int:
     return tiles + int((causal_block_pairs(first, end, cols, cols + 1, 0) * cvalid).sum())
 
 
-def _oracle_rows(vert, sl, S):
+def _oracle_rows(vert, sl, S, bm, bn):
     """The documented attended set (``vertical_slash_attention``'s docstring) of the oracle rows:
-    each ``BM x BN`` tile a slash diagonal crosses, plus the vertical columns, then causal."""
-    nkb = -(-S // BN)
-    rows = torch.arange(S - ORACLE_ROWS, S, device=sl.device).reshape(-1, BM)  # [blocks, BM]
+    each ``bm x bn`` tile a slash diagonal crosses, plus the vertical columns, then causal."""
+    nkb = -(-S // bn)
+    rows = torch.arange(S - ORACLE_ROWS, S, device=sl.device).reshape(-1, bm)  # [blocks, bm]
     hit = torch.zeros(ORACLE_HEADS, rows.shape[0], nkb + 1, dtype=torch.bool, device=sl.device)
     cols = torch.zeros(ORACLE_HEADS, S, dtype=torch.bool, device=sl.device)
     for h in range(ORACLE_HEADS):
         j = rows[:, :, None] - sl[0, h].to(torch.int64)[None, None, :]
-        hit[h].scatter_(1, torch.where(j >= 0, j // BN, nkb).reshape(rows.shape[0], -1), True)
+        hit[h].scatter_(1, torch.where(j >= 0, j // bn, nkb).reshape(rows.shape[0], -1), True)
         cols[h, vert[0, h].long()] = True
-    keys = hit[:, :, :nkb].repeat_interleave(BN, 2)[:, :, :S].repeat_interleave(BM, 1)
+    keys = hit[:, :, :nkb].repeat_interleave(bn, 2)[:, :, :S].repeat_interleave(bm, 1)
     return (keys | cols[:, None, :]) & causal_rows_mask(S, sl.device)
 
 
 @functools.cache
-def _setup(S, kind):
-    """(index, attended pairs, index build ms, oracle rows' mask) of one case."""
+def _setup(S, kind, tile):
+    """(index, attended pairs, index build ms, oracle rows' mask) of one case at ``tile x tile``
+    tiles (ours: ``BM``; MInference's: 64)."""
     vert, sl = _indices(S, kind)
 
     def build():
-        return build_vertical_slash_index(vert, sl, seq_len=S, block_m=BM, block_n=BN)
+        return build_vertical_slash_index(vert, sl, seq_len=S, block_m=tile, block_n=tile)
 
     idx = build()
     return (
         idx,
         _attended_pairs(idx),
         cuda_time_ms(build, warmup=1, rep=5),
-        _oracle_rows(vert, sl, S),
+        _oracle_rows(vert, sl, S, tile, tile),
     )
 
 
@@ -160,7 +167,7 @@ def _provider(name, q, k, v, vert, sl, idx):
         return minference_vertical_slash_call(q, k, v, vert, sl)
     if name.startswith("flex-"):
         if q.shape[2] > 131072:
-            raise ProviderUnavailable(f"{name}: the 64x64 BlockMask is timed up to 128K only")
+            raise ProviderUnavailable(f"{name}: the {BM}x{BN} BlockMask is timed up to 128K only")
         return flex_call(q, k, v, idx.to_block_mask(), name)
     raise ValueError(name)
 
@@ -168,7 +175,9 @@ def _provider(name, q, k, v, vert, sl, idx):
 @pytest.fixture(scope="module", autouse=True)
 def _table(request):
     yield
-    title = "vertical_slash (bf16, B=1 H=28 H_KV=4 D=128, NV=1000, NS=6096, 64x64), median ms"
+    title = (
+        f"vertical_slash (bf16, B=1 H=28 H_KV=4 D=128, NV=1000, NS=6096, ours {BM}x{BN}), median ms"
+    )
     cases = [f"{s}-{kind}" for s in SEQS for kind in SLASHES]
     # issue 31's targets: 1.5x MInference with the same indices, and 0.9 of FA4's dense rate per
     # computed pair (the ours/fa4d column)
@@ -189,7 +198,8 @@ def test_vertical_slash(benchmark, seq, slashes, provider):
     q, k, v = _inputs(S)
     anchor = _anchor(S)
     vert, sl = _indices(S, slashes)
-    idx, pairs, build_ms, rows = _setup(S, slashes)
+    tile = 64 if provider == "minference" else BM  # MInference runs its own 64x64 tiles
+    idx, pairs, build_ms, rows = _setup(S, slashes, tile)
     dense = provider in DENSE
     rows = causal_rows_mask(S, q.device) if dense else rows
     try:
@@ -212,8 +222,8 @@ def test_vertical_slash(benchmark, seq, slashes, provider):
         slashes=slashes,
         n_vertical=NV,
         n_slash=NS,
-        block_m=BM,
-        block_n=BN,
+        block_m=tile,
+        block_n=tile,
         attended_fraction=pairs / (B * H * dense_pairs),
         index_build_ms=build_ms if provider.startswith("ours-") else None,
         kv_repeated=provider == "minference",

@@ -9,6 +9,7 @@ from sparse_kernels import (
     fa4,
     merge_attention,
     triangle_attention,
+    vertical_slash_attention,
 )
 from sparse_kernels.attention import attention_reference
 from sparse_kernels.block_sparse import block_mask_to_dense, block_sparse_attention_reference
@@ -80,6 +81,17 @@ def test_ops_without_an_fa4_kernel_say_so():
         merge_attention([o, o], [lse, lse], impl="fa4")
 
 
+def test_fa4_vertical_slash_refusals():
+    q, k, v = make_qkv(1, 2, 1, 128, 128, 64, dtype=torch.float16, device="cpu")
+    vi = torch.tensor([[[3], [5]]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"vertical_slash_attention: impl='fa4' needs CUDA"):
+        vertical_slash_attention(q, k, v, vi, vi, impl="fa4")
+    q, k, v = make_qkv(1, 2, 1, 128, 128, 192, dtype=torch.float16, device="meta")
+    vi = vi.to("meta")
+    with pytest.raises(NotImplementedError, match=r"up to head dim 128, got 192"):
+        vertical_slash_attention(q, k, v, vi, vi, impl="fa4")
+
+
 def test_fa4_triangle_refuses_head_dims_over_128():
     q, k, v = make_qkv(1, 2, 1, 64, 64, 192, dtype=torch.float16, device="cpu")
     with pytest.raises(
@@ -93,7 +105,12 @@ def test_auto_off_cuda_is_the_reference_and_never_fa4():
 
 
 def test_auto_table_names_only_ops_with_an_fa4_path():
-    ops = {"attention", "block_sparse_attention", "triangle_attention"}
+    ops = {
+        "attention",
+        "block_sparse_attention",
+        "triangle_attention",
+        "vertical_slash_attention",
+    }
     for op, major, dtype, head_dim in fa4.AUTO_FA4:
         assert op in ops and major in fa4.support.ARCH_MAJORS
         assert dtype in fa4.support.DTYPES and head_dim % fa4.support.HEAD_DIM_STEP == 0
@@ -229,29 +246,52 @@ def test_fa4_triangle_matches_reference(B, H, H_KV, S_Q, S_KV, D, sink, window, 
 
 
 def _stand_in_flash_attn(monkeypatch):
-    """A plain-PyTorch ``flash_attn.cute`` with the one call the triangle engine makes (FA4's
-    sliding window, ``[B, S, H, D]`` in and out), so that the engine's split runs here."""
+    """A plain-PyTorch ``flash_attn.cute`` with the two calls the triangle and vertical-slash
+    engines make (FA4's sliding window; its block-sparse kernel over partial-block lists, causal),
+    ``[B, S, H, D]`` in and out, so that the engines' splits run here."""
     import sys
     import types
+    from collections import namedtuple
 
     from sparse_kernels.attention import masked_attention_reference
 
-    def flash_attn_func(q, k, v, *, softmax_scale, causal, window_size, return_lse):
-        assert not causal and window_size[1] == 0 and return_lse
+    def flash_attn_func(
+        q, k, v, *, softmax_scale, causal, return_lse, window_size=None, block_sparse_tensors=None
+    ):
+        assert return_lse and (window_size is None) != (block_sparse_tensors is None)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         S_Q, S_KV = q.shape[2], k.shape[2]
         p = torch.arange(S_Q, device=q.device)[:, None] + (S_KV - S_Q)
         j = torch.arange(S_KV, device=q.device)[None, :]
-        mask = (j <= p) & (p - j <= window_size[0])
+        if window_size is not None:
+            assert not causal and window_size[1] == 0
+            mask = (j <= p) & (p - j <= window_size[0])
+        else:
+            t = block_sparse_tensors
+            assert causal and t.full_block_cnt is None and t.full_block_idx is None
+            BM, BN = t.block_size
+            nkb = -(-S_KV // BN)
+            listed = torch.arange(t.mask_block_idx.shape[-1]) < t.mask_block_cnt[..., None]
+            tiles = torch.zeros(*listed.shape[:-1], nkb + 1, dtype=torch.bool)
+            tiles.scatter_(-1, torch.where(listed, t.mask_block_idx.long(), nkb), True)
+            tiles = tiles[..., :nkb].repeat_interleave(BM, -2).repeat_interleave(BN, -1)
+            mask = tiles[..., :S_Q, :S_KV] & (j <= p)
         res = masked_attention_reference(q, k, v, mask, scale=softmax_scale)
         return res.out.transpose(1, 2).contiguous(), res.lse
 
     cute = types.ModuleType("flash_attn.cute")
     cute.flash_attn_func = flash_attn_func
+    sparsity = types.ModuleType("flash_attn.cute.block_sparsity")
+    sparsity.BlockSparseTensorsTorch = namedtuple(
+        "BlockSparseTensorsTorch",
+        "mask_block_cnt mask_block_idx full_block_cnt full_block_idx block_size",
+    )
     pkg = types.ModuleType("flash_attn")
     pkg.cute = cute
+    cute.block_sparsity = sparsity
     monkeypatch.setitem(sys.modules, "flash_attn", pkg)
     monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.block_sparsity", sparsity)
 
 
 @pytest.mark.parametrize(
@@ -272,3 +312,76 @@ def test_triangle_engine_split_is_exact(monkeypatch, S_Q, S_KV, sink, window, la
     low = triangle_attention_reference(q, k, v, **shape)
     assert_close_budget(res.out, low.out, gold.out, dtype=torch.float32, name="out")
     assert_close_budget(res.lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
+
+
+@pytest.mark.parametrize(
+    "S,BM,BN,NV,NS",
+    [(150, 64, 64, 9, 5), (300, 128, 64, 20, 7), (257, 64, 128, 0, 12), (200, 64, 64, 30, 0)],
+    ids=str,
+)
+def test_vertical_slash_engine_split_is_exact(monkeypatch, S, BM, BN, NV, NS):
+    """Range tiles (FA4's part, a stand-in here) + columns merged in place = the pattern."""
+    from sparse_kernels import build_vertical_slash_index
+    from sparse_kernels.fa4.vertical_slash import vertical_slash
+    from sparse_kernels.vertical_slash import vertical_slash_attention_reference
+
+    _stand_in_flash_attn(monkeypatch)
+    q, k, v = make_qkv(1, 4, 2, S, S, 64, dtype=torch.float32, device=DEV, seed=S)
+    vi, si = _vs_indices(1, 4, S, NV, NS, seed=S)
+    kw = dict(block_m=BM, block_n=BN)
+    res = vertical_slash(q, k, v, build_vertical_slash_index(vi, si, seq_len=S, **kw), scale=0.125)
+    gold = vertical_slash_attention_reference(
+        q, k, v, vi, si, scale=0.125, compute_dtype=torch.float64, **kw
+    )
+    low = vertical_slash_attention_reference(q, k, v, vi, si, scale=0.125, **kw)
+    assert_close_budget(res.out, low.out, gold.out, dtype=torch.float32, name="out")
+    assert_close_budget(res.lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
+    empty = torch.isneginf(gold.lse)
+    assert bool(torch.isneginf(res.lse[empty]).all())
+
+
+def _vs_indices(B, H, S, NV, NS, *, seed, device=DEV):
+    """Sorted distinct verticals; slashes: the first 4 local offsets, the rest random."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rows(n, first):
+        out = []
+        for _ in range(B * H):
+            rest = torch.randperm(S - first, generator=g)[: max(n - first, 0)] + first
+            out.append(torch.cat([torch.arange(min(first, n)), rest]).sort().values)
+        return torch.stack(out).reshape(B, H, -1).to(torch.int32).to(device)
+
+    return rows(NV, 0), rows(NS, 4)
+
+
+# (B, H, H_KV, S, D, BM, BN, NV, NS)
+VS_CASES = [
+    (1, 4, 1, 97, 64, 64, 64, 5, 8),
+    (2, 7, 1, 300, 128, 128, 64, 10, 7),
+    (1, 2, 2, 300, 80, 64, 128, 12, 9),
+    (1, 2, 1, 1025, 64, 128, 128, 0, 40),
+    (1, 2, 1, 400, 64, 64, 64, 20, 0),
+    (1, 28, 4, 4096 + 17, 128, 64, 64, 200, 300),
+    (1, 28, 4, 4096, 128, 128, 128, 200, 300),
+]
+
+
+@pytest.mark.gpu
+@needs_fa4
+@pytest.mark.parametrize("dtype", FA4_DTYPES, ids=str)
+@pytest.mark.parametrize("B,H,H_KV,S,D,BM,BN,NV,NS", VS_CASES, ids=str)
+def test_fa4_vertical_slash_matches_reference(B, H, H_KV, S, D, BM, BN, NV, NS, dtype):
+    from sparse_kernels.vertical_slash import vertical_slash_attention_reference
+
+    q, k, v = make_qkv(B, H, H_KV, S, S, D, dtype=dtype, device="cuda", seed=S + NV)
+    vi, si = _vs_indices(B, H, S, NV, NS, seed=S, device="cuda")
+    kw = dict(block_m=BM, block_n=BN)
+    res = vertical_slash_attention(q, k, v, vi, si, impl="fa4", **kw)
+    gold = vertical_slash_attention_reference(q, k, v, vi, si, compute_dtype=torch.float64, **kw)
+    low = vertical_slash_attention_reference(q, k, v, vi, si, compute_dtype=q.dtype, **kw)
+    assert res.out.shape == q.shape and res.lse.shape == (B, H, S)
+    assert_close_budget(res.out, low.out, gold.out, dtype=dtype, name="out")
+    assert_close_budget(res.lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
+    empty = torch.isneginf(gold.lse)
+    assert torch.equal(res.out[empty], torch.zeros_like(res.out[empty]))
+    assert bool(torch.isneginf(res.lse[empty]).all())

@@ -77,6 +77,23 @@ def test_index_executes_exactly_the_mask(S, BM, BN, NV, NS):
     assert not bool(col_tiles[cvalid].any())
 
 
+@pytest.mark.parametrize("S,BM,BN,NV,NS", SIZES)
+def test_range_lists_list_exactly_the_range_tiles(S, BM, BN, NV, NS):
+    # The block lists the FA4 engine runs: each query block's range tiles, ascending.
+    from sparse_kernels.vertical_slash.lists_triton import _launch_range_lists
+
+    v, s = make_indices(2, 3, S, NV, NS, seed=S + NV + 1, local=min(NS, 4))
+    idx = build_vertical_slash_index(v, s, seq_len=S, block_m=BM, block_n=BN)
+    num, lists = _launch_range_lists(idx)
+    tiles = idx.tile_mask()
+    assert torch.equal(num, tiles.sum(-1, dtype=torch.int32))
+    nkb, width = tiles.shape[-1], lists.shape[-1]
+    assert width == max(int(num.max()), 1)  # as wide as the longest list, not NKB
+    want = torch.where(tiles, torch.arange(nkb, device=tiles.device), nkb).sort(-1).values
+    listed = torch.arange(width, device=num.device) < num[..., None]
+    assert torch.equal(lists[listed], want[..., :width][listed].to(torch.int32))
+
+
 def test_block_rounding_adds_whole_tiles():
     # One slash (offset 0) at S=256, 64x64 tiles: the diagonal tiles are computed in full
     # (causal), i.e. each row sees its whole key block up to the diagonal, not only itself.

@@ -14,6 +14,7 @@ from .._validate import (
     check_triton_head_dim,
     resolve_impl,
 )
+from ..fa4 import block_lists_problem
 from .index import VerticalSlashIndex, _check_indices, build_vertical_slash_index
 from .reference import vertical_slash_attention_reference
 
@@ -109,9 +110,13 @@ def vertical_slash_attention(
         slash_indices: ``[B, H, NS]`` int32/int64 diagonal offsets ``i - j`` in ``[0, S)``, each
             row sorted strictly ascending (required, as above; same shape rule).
         scale: softmax scale, finite and positive; default ``D ** -0.5``.
-        impl: ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``), ``"reference"`` (dense
+        impl: ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``), ``"fa4"`` (the
+            ranges' tiles by FlashAttention-4's block-sparse kernel, the columns added in place by
+            ours: ``docs/kernels/fa4.md``; the ``hopper`` extra, fp16/bf16 on an sm90 GPU, head
+            dims 8..128 in steps of 8; anything else raises, naming why), ``"reference"`` (dense
             PyTorch over the exact mask, scores and softmax in float32; memory ``O(B H S^2)``) or
-            ``"auto"`` (triton on CUDA, reference elsewhere).
+            ``"auto"`` (on CUDA, FA4 where :data:`sparse_kernels.fa4.AUTO_FA4` lists this op for
+            the GPU and FA4 can run the input, else triton; the reference elsewhere).
         block_m, block_n: tile sizes, 64 or 128 each.
         index: the result of ``build_vertical_slash_index(vertical_indices, slash_indices,
             seq_len=S, block_m=block_m, block_n=block_n)``; built here when ``None``.
@@ -140,7 +145,10 @@ def vertical_slash_attention(
         )
     scale = check_scale(scale, D)
     check_indices = check_bool(check_indices, "check_indices", _OP)
-    which = resolve_impl(impl, q.device, _OP)
+    which = resolve_impl(
+        impl, q.device, _OP, like=q,
+        fa4=lambda: block_lists_problem(q, block_size=(block_m, block_n), causal=True, S_KV=S_KV),
+    )  # fmt: skip
     for nm, t, n in (("vertical_indices", vertical_indices, "NV"),
                      ("slash_indices", slash_indices, "NS")):  # fmt: skip
         check_index_tensor(
@@ -164,6 +172,10 @@ def vertical_slash_attention(
             scale=scale, block_m=block_m, block_n=block_n,
         )  # fmt: skip
     check_triton_head_dim(D, _OP)
+    if which == "fa4":
+        from ..fa4.vertical_slash import vertical_slash
+
+        return vertical_slash(q, k, v, index, scale=scale)
     from .triton import _launch_vertical_slash_fwd
 
     out, lse = _launch_vertical_slash_fwd(q, k, v, index, scale=scale)

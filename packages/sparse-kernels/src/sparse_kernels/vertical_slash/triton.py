@@ -4,6 +4,11 @@ One program per (query block, batch * head), heaviest (last) query blocks first.
 block's merged key-block ranges as dense tiles (no element mask strictly below the diagonal,
 causal mask on the diagonal tiles), then the leftover vertical columns, gathered TILE_N at a
 time through their indices (loaded once per chunk) with the causal mask.
+
+With ``MERGE`` the ranges have been attended by another engine (FA4's block-sparse kernel over
+the same tiles): the program starts its online softmax from that result (``lse`` as the running
+maximum, ``out`` as the accumulator, a sum of 1), walks the columns only, and writes the combined
+``out`` and ``lse`` over it. No partial output is materialised and no merge pass runs.
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ def _vertical_slash_fwd_kernel(
     stride_k_b, stride_k_h, stride_k_s, stride_k_d,
     stride_v_b, stride_v_h, stride_v_s, stride_v_d,
     stride_o_b, stride_o_h, stride_o_s, stride_o_d,
+    stride_l_b, stride_l_h, stride_l_s,
     R, C, H, GROUP, S, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_N: tl.constexpr, MERGE: tl.constexpr,
 ):  # fmt: skip
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -67,14 +73,30 @@ def _vertical_slash_fwd_kernel(
     v_base = v_ptr + b * stride_v_b + h_kv * stride_v_h
 
     qk_scale = sm_scale * 1.4426950408889634
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    o_ptrs = (
+        out_ptr + b * stride_o_b + h * stride_o_h
+        + offs_m[:, None].to(tl.int64) * stride_o_s + offs_d[None, :] * stride_o_d
+    )  # fmt: skip
+    l_ptrs = lse_ptr + b * stride_l_b + h * stride_l_h + offs_m.to(tl.int64) * stride_l_s
+    rd_ok = row_ok[:, None] & d_ok[None, :]
+    if MERGE:
+        # The ranges' result as an online-softmax state in the exp2 domain (a row that saw no
+        # key: -inf, 0, 0).
+        lse_r = tl.load(l_ptrs, mask=row_ok, other=float("-inf"))
+        seen = lse_r > float("-inf")
+        m_i = tl.where(seen, lse_r * 1.4426950408889634, float("-inf"))
+        l_i = tl.where(seen, 1.0, 0.0)
+        acc = tl.where(seen[:, None], tl.load(o_ptrs, mask=rd_ok, other=0.0).to(tl.float32), 0.0)
+        n_ranges = 0
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        n_ranges = tl.load(rcount_ptr + row)
     q_pos = offs_m
     # Keys [0, full_hi) are visible to every row of the tile (and in bounds).
     full_hi = tl.minimum(start_m * BLOCK_M + 1, S) // BLOCK_N * BLOCK_N
 
-    n_ranges = tl.load(rcount_ptr + row)
     for r in range(0, n_ranges):
         lo = tl.load(rstart_ptr + row * R + r).to(tl.int64) * BLOCK_N
         hi = tl.minimum(tl.load(rend_ptr + row * R + r).to(tl.int64) * BLOCK_N, S)
@@ -123,12 +145,8 @@ def _vertical_slash_fwd_kernel(
         m_i = m_new
 
     out, lse = _finish_rows(acc, l_i, m_i)
-    o_ptrs = (
-        out_ptr + b * stride_o_b + h * stride_o_h
-        + offs_m[:, None].to(tl.int64) * stride_o_s + offs_d[None, :] * stride_o_d
-    )  # fmt: skip
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(lse_ptr + bh.to(tl.int64) * S + offs_m, lse, mask=row_ok)
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=rd_ok)
+    tl.store(l_ptrs, lse, mask=row_ok)
 
 
 def _tile_n(dtype: torch.dtype, block_n: int) -> int:
@@ -148,9 +166,12 @@ def _launch_vertical_slash_fwd(
     *,
     scale: float,
     config: LaunchConfig | None = None,
+    merge_into: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
-    the tuner run each candidate)."""
+    the tuner run each candidate). ``merge_into``: ``(out [B, H, S, D], lse [B, H, S])``, any
+    strides, holding the index's ranges already attended; only the columns are walked, and the
+    result is written over them (the kernel's ``MERGE``)."""
     B, H, S, D = q.shape
     H_KV = k.shape[1]
     if config is None:
@@ -159,18 +180,22 @@ def _launch_vertical_slash_fwd(
             SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S,
             variant=f"{index.block_m}x{index.block_n}", blocks=blocks,
         )  # fmt: skip
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((B, H, S), dtype=torch.float32, device=q.device)
+    if merge_into is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((B, H, S), dtype=torch.float32, device=q.device)
+    else:
+        out, lse = merge_into
     nqb = -(-S // index.block_m)
     rs, re = index.range_start.contiguous(), index.range_end.contiguous()
     cols = index.columns.contiguous()
     _vertical_slash_fwd_kernel[(nqb, B * H)](
         q, k, v, out, lse,
         index.range_count.contiguous(), rs, re, index.column_count.contiguous(), cols,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
         rs.shape[-1], cols.shape[-1], H, H // H_KV, S, scale,
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32,
         BLOCK_M=index.block_m, BLOCK_N=index.block_n, TILE_N=_tile_n(q.dtype, index.block_n),
+        MERGE=merge_into is not None,
         **config.launch_kwargs(),
     )  # fmt: skip
     return out, lse

@@ -9,7 +9,11 @@ Questions (targets of issue 5):
 
 1. ``test_grid_vs_dense``: Grid head vs cuDNN dense at 128K / 512K / 1M (target >= 10x at 1M);
    estimation time (``plan_layer`` and the run split ``run()`` makes once per plan) <= 10% of
-   the kernel time at 128K+ (``extra_info``; ``plan_ms``: ``plan_layer`` alone).
+   the kernel time at 128K+ (``extra_info``; ``plan_ms``: ``plan_layer`` alone). With the
+   ``hopper`` extra, FA4's dense causal rate on the same q, k, v is the anchor (issue 31: the
+   Grid head with estimation at >= 0.9 of it per computed block): ``ratio_to_fa4_dense`` is the
+   kernel's rate on its computed blocks, ``ratio_to_fa4_dense_with_estimation`` the same over
+   kernel + estimation time.
 2. ``test_grid_vs_vertical_slash``: the Vertical-Slash head with the smallest budget of a ladder
    whose attention-mass recall reaches the Grid head's recall (sampled rows), timed the same way
    (target: Grid >= 2x faster).
@@ -35,12 +39,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from sparse_kernels.attention import masked_attention_reference
+from sparse_kernels.benchmark_providers import fa4_dense_anchor
 from sparse_kernels.benchmarking import (
     attention_flops,
     causal_pairs,
     cuda_times_ms,
     record,
     run_benchmark,
+    tflops,
 )
 from sparse_patterns import (
     Grid,
@@ -232,10 +238,16 @@ def test_grid_vs_dense(benchmark, shape, provider):
         _run(benchmark, fn, _rounds(S))
         kernel_ms = benchmark.stats.stats.median * 1e3
         useful = dense_flops * plan.density()
+        anchor = None if SMOKE else fa4_dense_anchor(q, k, v, rep=_rounds(S))
+        with_est = None  # no FA4 here: the anchor's reason is recorded instead
+        if anchor is not None and anchor.tflops:
+            with_est = tflops(useful, (kernel_ms + est_ms) / 1e3) / anchor.tflops
         record(
             benchmark,
             flops_dense=dense_flops,
             flops_useful=useful,
+            anchor=anchor,
+            ratio_to_fa4_dense_with_estimation=with_est,
             dtype="bf16",
             S=S,
             block=BLOCK,

@@ -164,18 +164,89 @@ def flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, pro
     return run
 
 
+# MInference's row and key tiles (its CUDA index conversion asserts 64x64).
+MINFERENCE_TILE = 64
+
+
 def minference_vertical_slash_call(q, k, v, vertical: torch.Tensor, slash: torch.Tensor):
-    """MInference 0.1.6 ``vertical_slash_sparse_attention`` (64x64 tiles; its index conversion
-    runs inside the call, as ours does). It needs as many K/V heads as query heads."""
+    """MInference 0.1.6 ``vertical_slash_sparse_attention(q, k, v, v_idx, s_idx)`` on our
+    ``[B, H, S, D]`` tensors. ``vertical`` ``[B, H, NV]`` are key positions, ``slash``
+    ``[B, H, NS]`` diagonal offsets ``i - j``, as MInference's own callers pass them; any integer
+    dtype and order (the call casts to int32 and sorts them, then converts them to 64x64 tiles,
+    all inside the timed call, as ours builds its index). Its attended set is its own, not our
+    aligned tiles: :func:`minference_vertical_slash_rows`. It has no GQA: K/V are repeated to the
+    query heads here, once. Every head needs the offset-0 slash: MInference's callers always
+    select the nearest diagonals, and its conversion reads past a head's list when no offset is
+    below 64."""
+    if vertical.shape[:2] != q.shape[:2] or slash.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"vertical and slash must be [B, H, n] with (B, H) = {tuple(q.shape[:2])}, got "
+            f"{tuple(vertical.shape)} and {tuple(slash.shape)}"
+        )
+    if bool((slash.amin(-1) != 0).any()):
+        raise ValueError("minference: every head's slash offsets must include 0 and be >= 0")
     from minference import vertical_slash_sparse_attention
 
     kk, vv = _repeat_kv(q, k, v)
     return lambda: vertical_slash_sparse_attention(q, kk, vv, vertical, slash)
 
 
+def minference_vertical_slash_rows(
+    vertical: torch.Tensor, slash: torch.Tensor, S: int
+) -> torch.Tensor:
+    """The keys MInference 0.1.6's ``vertical_slash_sparse_attention`` attends for the oracle rows
+    (the last :data:`ORACLE_ROWS` rows of the first :data:`ORACLE_HEADS` heads of batch 0): bool
+    ``[ORACLE_HEADS, ORACLE_ROWS, S]``, the same rule as its CUDA index conversion. Per 64-row
+    block ending at ``e``, a slash ``d < e`` covers the 64 keys ``[e - d - 64, e - d)`` (at least
+    ``[0, 64)``), not aligned to 64; slashes are taken from the farthest, and a band that starts
+    inside the current range grows that range by a whole 64 keys; the ranges run causally. A
+    vertical column is added where no range covers it, and dropped past the last range. Used
+    only on the few oracle rows, so a plain loop mirrors the kernel."""
+    T = MINFERENCE_TILE
+    if S % T or ORACLE_ROWS % T:
+        raise ValueError(f"S and ORACLE_ROWS must be multiples of {T}, got {S}, {ORACLE_ROWS}")
+    mask = torch.zeros(ORACLE_HEADS, ORACLE_ROWS, S, dtype=torch.bool)
+    for h in range(ORACLE_HEADS):
+        cols_all = sorted(vertical[0, h].tolist())
+        offs = sorted(slash[0, h].tolist(), reverse=True)
+        if not offs or offs[-1] != 0:
+            raise ValueError(f"head {h}: the slash offsets must include 0, got min {offs[-1:]}")
+        for start in range(S - ORACLE_ROWS, S, T):
+            end = start + T
+            ranges, cols = [], []
+            dists = iter(max(end - d, T) for d in offs if d < end)
+            verts = iter(cols_all)
+            hi = next(dists)
+            lo = hi - T
+            col = next(verts, end + T)
+            while True:
+                if col < hi:
+                    if col < lo:
+                        cols.append(col)
+                    col = next(verts, end + T)
+                    continue
+                nxt = next(dists, None)
+                if nxt is None:
+                    ranges.append((lo, hi))
+                    break
+                if nxt > hi + T:
+                    ranges.append((lo, hi))
+                    lo, hi = nxt - T, nxt
+                elif nxt > hi:
+                    hi += T
+            rows = slice(start - (S - ORACLE_ROWS), end - (S - ORACLE_ROWS))
+            for a, b in ranges:
+                mask[h, rows, a : min(b, S)] = True
+            mask[h, rows, cols] = True
+    return mask & causal_rows_mask(S, "cpu")
+
+
 def minference_streaming_call(q, k, v, *, sink: int, window: int):
-    """MInference 0.1.6 ``streaming_forward`` (the A-shape: ``sink`` initial keys plus a local
-    window of ``window`` keys). It needs as many K/V heads as query heads."""
+    """MInference 0.1.6 ``streaming_forward(q, k, v, n_init, n_local)`` on our ``[B, H, S, D]``
+    tensors: row ``i`` attends ``j <= i`` with ``i - j < window`` (``n_local``, the diagonal
+    included) or ``j < sink`` (``n_init``), the A-shape. It has no GQA (q, k and v must have one
+    shape): K/V are repeated to the query heads here, once. Its Triton kernel autotunes on the
+    first call."""
     from minference import streaming_forward
 
     kk, vv = _repeat_kv(q, k, v)

@@ -198,6 +198,20 @@ def test_fa4_block_sparse_matches_reference(
 
 @pytest.mark.gpu
 @needs_fa4
+def test_fa4_block_sparse_without_full_lists():
+    # A BlockMask made from partial lists only has no full lists at all (None).
+    q, k, v = make_qkv(1, 4, 2, 1000, 1000, 128, dtype=torch.bfloat16, device="cuda", seed=3)
+    both = _block_mask(1, 4, 1000, 1000, 128, 128, density=0.5, seed=3, device="cuda", full=False)
+    bm = BlockMask.from_kv_blocks(both.kv_num_blocks, both.kv_indices, BLOCK_SIZE=(128, 128))
+    assert bm.full_kv_num_blocks is None
+    res = block_sparse_attention(q, k, v, bm, impl="fa4")
+    gold = block_sparse_attention_reference(q, k, v, bm, compute_dtype=torch.float64)
+    low = block_sparse_attention_reference(q, k, v, bm, compute_dtype=q.dtype)
+    assert_close_budget(res.out, low.out, gold.out, dtype=torch.bfloat16, name="out")
+
+
+@pytest.mark.gpu
+@needs_fa4
 def test_fa4_dense_empty_rows_zero_out_neginf_lse():
     q, k, v = make_qkv(1, 2, 2, 150, 70, 64, dtype=torch.bfloat16, device="cuda")
     res = attention(q, k, v, causal=True, impl="fa4")

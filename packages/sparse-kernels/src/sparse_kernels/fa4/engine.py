@@ -64,6 +64,10 @@ def block_sparse(
 
     num, idx, full_num, full_idx = lists
     nkb = -(-k.shape[2] // block_size[1])
+    if full_num is None:
+        # FA4's sm90 kernel walks both lists: no full blocks is an empty one, not None.
+        full_num = torch.zeros_like(num)
+        full_idx = torch.zeros((*num.shape, 1), dtype=torch.int32, device=num.device)
     tensors = BlockSparseTensorsTorch(
         mask_block_cnt=_fa4_list(num),
         mask_block_idx=_fa4_list(idx, nkb),

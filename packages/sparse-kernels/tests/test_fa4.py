@@ -111,9 +111,13 @@ def test_auto_table_names_only_ops_with_an_fa4_path():
         "triangle_attention",
         "vertical_slash_attention",
     }
-    for op, major, dtype, head_dim in fa4.AUTO_FA4:
+    block_ops = {"block_sparse_attention", "vertical_slash_attention"}
+    for op, major, dtype, head_dim, blocks in fa4.AUTO_FA4:
         assert op in ops and major in fa4.support.ARCH_MAJORS
         assert dtype in fa4.support.DTYPES and head_dim % fa4.support.HEAD_DIM_STEP == 0
+        # block-list ops are keyed by their block size, the others by none
+        assert (blocks is not None) == (op in block_ops)
+        assert blocks is None or all(b in fa4.support.BLOCK_SIZES for b in blocks)
     q = torch.zeros(1, 2, 8, 128, dtype=torch.bfloat16)
     assert not fa4.auto_prefers("attention", q)  # off CUDA, never
 
@@ -229,6 +233,13 @@ def test_auto_runs_the_table_engine_and_triton_for_what_fa4_cannot():
     q32, k32, v32 = (t.float() for t in (q, k, v))  # fp32: FA4 cannot, auto is triton
     auto = attention(q32, k32, v32, impl="auto")
     assert torch.equal(auto.out, attention(q32, k32, v32, impl="triton").out)
+    # Block-list ops are keyed by block size: vertical-slash at 128x128 and 64x64.
+    vi, si = _vs_indices(1, 4, 512, 20, 30, seed=1, device="cuda")
+    for bs in (64, 128):
+        kw = dict(block_m=bs, block_n=bs)
+        want = "fa4" if fa4.auto_prefers("vertical_slash_attention", q, (bs, bs)) else "triton"
+        auto = vertical_slash_attention(q, k, v, vi, si, impl="auto", **kw)
+        assert torch.equal(auto.out, vertical_slash_attention(q, k, v, vi, si, impl=want, **kw).out)
 
 
 # (B, H, H_KV, S_Q, S_KV, D, sink, window, last)
@@ -282,12 +293,15 @@ def _stand_in_flash_attn(monkeypatch):
             mask = (j <= p) & (p - j <= window_size[0])
         else:
             t = block_sparse_tensors
-            assert causal and t.full_block_cnt is None and t.full_block_idx is None
+            assert causal
             BM, BN = t.block_size
             nkb = -(-S_KV // BN)
-            listed = torch.arange(t.mask_block_idx.shape[-1]) < t.mask_block_cnt[..., None]
-            tiles = torch.zeros(*listed.shape[:-1], nkb + 1, dtype=torch.bool)
-            tiles.scatter_(-1, torch.where(listed, t.mask_block_idx.long(), nkb), True)
+            dev = q.device
+            tiles = torch.zeros(*t.mask_block_cnt.shape, nkb + 1, dtype=torch.bool, device=dev)
+            for cnt, idx in ((t.mask_block_cnt, t.mask_block_idx),
+                             (t.full_block_cnt, t.full_block_idx)):  # fmt: skip
+                listed = torch.arange(idx.shape[-1], device=dev) < cnt[..., None]
+                tiles.scatter_(-1, torch.where(listed, idx.long(), nkb), True)
             tiles = tiles[..., :nkb].repeat_interleave(BM, -2).repeat_interleave(BN, -1)
             mask = tiles[..., :S_Q, :S_KV] & (j <= p)
         res = masked_attention_reference(q, k, v, mask, scale=softmax_scale)

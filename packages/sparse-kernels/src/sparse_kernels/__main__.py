@@ -55,8 +55,11 @@ def _fa4_line() -> str:
 
     if fa4.available():
         major = torch.cuda.get_device_capability()[0]
-        keys = sorted(f"{op} ({str(dt).removeprefix('torch.')}, D={d})"
-                      for op, m, dt, d in fa4.AUTO_FA4 if m == major)  # fmt: skip
+        keys = sorted(
+            f"{op} ({str(dt).removeprefix('torch.')}, D={d}"
+            + (f", {blocks[0]}x{blocks[1]} blocks)" if blocks else ")")
+            for op, m, dt, d, blocks in fa4.AUTO_FA4 if m == major
+        )  # fmt: skip
         return f"flash-attn-4 {fa4.version()}; impl='auto' runs it for {', '.join(keys) or 'no op'}"
     missing = fa4.support.import_problem()
     if missing is not None:

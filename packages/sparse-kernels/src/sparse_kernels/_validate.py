@@ -92,15 +92,17 @@ def resolve_impl(
     *,
     fa4: Callable[[], tuple[type[Exception], str] | None] | None = None,
     like: torch.Tensor | None = None,
+    blocks: tuple[int, int] | None = None,
 ) -> str:
     """The engine that runs ``op``: ``"reference"``, ``"triton"`` or ``"fa4"``.
 
     ``fa4`` is given by the ops FlashAttention-4 can run: it says why FA4 cannot run this input
     (``(exception type, reason)``) or ``None``; ``like`` is the op's ``q`` (its GPU, dtype and
-    head dim key the auto table). ``"fa4"`` raises that reason (or, for an op without ``fa4``,
-    that FA4 has no kernel for it). ``"auto"`` is the reference off CUDA; on CUDA it is FA4 where
-    :data:`sparse_kernels.fa4.AUTO_FA4` lists the op for ``like`` and FA4 can run the input, else
-    triton.
+    head dim key the auto table) and ``blocks`` the block size of the ops that take block lists
+    (``None`` for the others). ``"fa4"`` raises that reason (or, for an op without ``fa4``, that
+    FA4 has no kernel for it). ``"auto"`` is the reference off CUDA; on CUDA it is FA4 where
+    :data:`sparse_kernels.fa4.AUTO_FA4` lists the op for ``like`` and ``blocks`` and FA4 can run
+    the input, else triton.
     """
     if impl not in IMPLS:
         raise ValueError(f"{op}: impl must be one of {IMPLS}, got {impl!r}")
@@ -118,7 +120,12 @@ def resolve_impl(
     if impl == "auto":
         if device.type != "cuda":
             return "reference"
-        if fa4 is not None and like is not None and _auto_prefers_fa4(op, like) and fa4() is None:
+        if (
+            fa4 is not None
+            and like is not None
+            and _auto_prefers_fa4(op, like, blocks)
+            and fa4() is None
+        ):
             return "fa4"
         return "triton"
     if impl == "triton" and not (
@@ -131,10 +138,10 @@ def resolve_impl(
     return impl
 
 
-def _auto_prefers_fa4(op: str, like: torch.Tensor) -> bool:
+def _auto_prefers_fa4(op: str, like: torch.Tensor, blocks: tuple[int, int] | None) -> bool:
     from .fa4 import auto_prefers
 
-    return auto_prefers(op, like)
+    return auto_prefers(op, like, blocks)
 
 
 def check_triton_head_dim(D: int, op: str) -> None:

@@ -112,8 +112,8 @@ def block_sparse_attention(
             ``S_KV`` a multiple of ``BLOCK_N``; anything else raises, naming why; the lists go to
             FA4 as they are), ``"reference"`` (dense PyTorch over the expanded mask, scores and
             softmax in float32) or ``"auto"`` (on CUDA, FA4 where
-            :data:`sparse_kernels.fa4.AUTO_FA4` lists this op for the GPU and FA4 can run the
-            input, else triton; the reference elsewhere).
+            :data:`sparse_kernels.fa4.AUTO_FA4` lists this op for the GPU and block size and FA4
+            can run the input, else triton; the reference elsewhere).
         check_indices: verify counts are within the lists' width and listed indices are in
             range and not duplicated (reduced on the device, then up to five host reads); pass
             ``False`` only for a mask already checked or built valid (timed loops): unchecked
@@ -156,7 +156,7 @@ def block_sparse_attention(
     which = resolve_impl(
         impl, q.device, _OP,
         fa4=lambda: block_lists_problem(q, block_size=(BM, BN), causal=causal, S_KV=S_KV),
-        like=q,
+        like=q, blocks=(BM, BN),
     )  # fmt: skip
     if which == "reference":
         return block_sparse_attention_reference(q, k, v, block_mask, causal=causal, scale=scale)

@@ -116,7 +116,8 @@ def vertical_slash_attention(
             dims 8..128 in steps of 8; anything else raises, naming why), ``"reference"`` (dense
             PyTorch over the exact mask, scores and softmax in float32; memory ``O(B H S^2)``) or
             ``"auto"`` (on CUDA, FA4 where :data:`sparse_kernels.fa4.AUTO_FA4` lists this op for
-            the GPU and FA4 can run the input, else triton; the reference elsewhere).
+            the GPU and block size and FA4 can run the input, else triton; the reference
+            elsewhere).
         block_m, block_n: tile sizes, 64 or 128 each.
         index: the result of ``build_vertical_slash_index(vertical_indices, slash_indices,
             seq_len=S, block_m=block_m, block_n=block_n)``; built here when ``None``.
@@ -146,7 +147,7 @@ def vertical_slash_attention(
     scale = check_scale(scale, D)
     check_indices = check_bool(check_indices, "check_indices", _OP)
     which = resolve_impl(
-        impl, q.device, _OP, like=q,
+        impl, q.device, _OP, like=q, blocks=(block_m, block_n),
         fa4=lambda: block_lists_problem(q, block_size=(block_m, block_n), causal=True, S_KV=S_KV),
     )  # fmt: skip
     for nm, t, n in (("vertical_indices", vertical_indices, "NV"),

@@ -3,13 +3,15 @@ D=128, bf16): our op on each engine vs MInference 0.1.6 ``vertical_slash_sparse_
 FlexAttention (Triton and FA4 backends) on our attended set, with FA4 and cuDNN dense causal
 attention as the dense baselines.
 
-1000 verticals and 6096 slashes per head, the same indices for every provider; our index's tiles
-are 64x64 (MInference's width) unless ``SPARSE_KERNELS_BENCH_VS_TILE=128`` asks for 128x128, whose
-attended set is a superset (each slash rounds to a wider band); MInference always runs its own
-64-key bands, which are not aligned to 64-key blocks (its oracle rows follow its own rule,
-``minference_vertical_slash_rows``; its useful TFLOP/s counts our 64x64 set, which differs from
-its own by up to ~16% on the clustered rows). MInference gets K/V repeated to 28 heads once,
-outside the timed call: it has no GQA. Three
+1000 verticals and 6096 slashes per head, the same indices for every provider. Our index runs
+64x64 tiles (MInference's width) and 128x128 tiles, whose attended set is a superset (each slash
+rounds to a wider band); ``SPARSE_KERNELS_BENCH_VS_TILES`` picks (default ``64,128``). Each case
+(length, slashes, tiles) has our providers and Flex on that tile's set; MInference, which always
+runs its own 64-key bands, and the dense baselines are timed once per length and slash kind and
+shown in every tile's row, so all ratios are same-process. MInference's bands are not aligned
+to 64-key blocks (its oracle rows follow its own rule, ``minference_vertical_slash_rows``; its
+useful TFLOP/s counts our 64x64 set, which differs from its own by up to ~16% on the clustered
+rows). MInference gets K/V repeated to 28 heads once, outside the timed call: it has no GQA. Three
 slash distributions: ``local`` (offsets ``0..6095``, one band), ``random`` (the 64 local offsets
 plus uniform distinct offsets in ``[64, S)``; after tile rounding close to dense) and
 ``clustered`` (the 64 local offsets plus runs of 64 adjacent offsets at log-uniform starts, as
@@ -68,10 +70,11 @@ pytestmark = pytest.mark.gpu
 B, H, H_KV, D = QWEN25_VL_7B
 NV, NS, LOCAL = 1000, 6096, 64
 RUN = 64  # clustered slashes come in runs of RUN adjacent offsets
-_TILE = os.environ.get("SPARSE_KERNELS_BENCH_VS_TILE", "64")
-if _TILE not in ("64", "128"):
-    raise ValueError(f"SPARSE_KERNELS_BENCH_VS_TILE: expected 64 or 128, got {_TILE!r}")
-BM = BN = int(_TILE)
+_TILES = os.environ.get("SPARSE_KERNELS_BENCH_VS_TILES") or "64,128"
+if any(t not in ("64", "128") for t in _TILES.split(",")):
+    raise ValueError(f"SPARSE_KERNELS_BENCH_VS_TILES: expected 64 and/or 128, got {_TILES!r}")
+TILES = [int(t) for t in _TILES.split(",")]
+ONCE = ("fa4", "cudnn", "minference")  # independent of our tiles: timed once per length and kind
 SEQS = bench_seqs(os.environ.get("SPARSE_KERNELS_BENCH_SEQS"))
 SLASHES = ["local", "random", "clustered"]
 DENSE = ("fa4", "cudnn")  # dense baselines: timed once per length, not the same op
@@ -137,7 +140,7 @@ def _oracle_rows(vert, sl, S, bm, bn):
 @functools.cache
 def _setup(S, kind, tile):
     """(index, attended pairs, index build ms, oracle rows' mask) of one case at ``tile x tile``
-    tiles (ours: ``BM``; MInference's: 64)."""
+    tiles (ours: the case's; MInference's: 64)."""
     vert, sl = _indices(S, kind)
 
     def build():
@@ -152,13 +155,13 @@ def _setup(S, kind, tile):
     )
 
 
-def _provider(name, q, k, v, vert, sl, idx):
+def _provider(name, q, k, v, vert, sl, idx, tile):
     if name.startswith("ours-"):
         impl = ours_impl(name)
         # index built inside the call, as MInference's is; the indices are valid by construction
         return lambda: (
             vertical_slash_attention(
-                q, k, v, vert, sl, impl=impl, block_m=BM, block_n=BN, check_indices=False
+                q, k, v, vert, sl, impl=impl, block_m=tile, block_n=tile, check_indices=False
             ).out
         )
     require_package(name)
@@ -170,7 +173,9 @@ def _provider(name, q, k, v, vert, sl, idx):
         return minference_vertical_slash_call(q, k, v, vert, sl)
     if name.startswith("flex-"):
         if q.shape[2] > 131072:
-            raise ProviderUnavailable(f"{name}: the {BM}x{BN} BlockMask is timed up to 128K only")
+            raise ProviderUnavailable(
+                f"{name}: the {tile}x{tile} BlockMask is timed up to 128K only"
+            )
         return flex_call(q, k, v, idx.to_block_mask(), name)
     raise ValueError(name)
 
@@ -178,10 +183,8 @@ def _provider(name, q, k, v, vert, sl, idx):
 @pytest.fixture(scope="module", autouse=True)
 def _table(request):
     yield
-    title = (
-        f"vertical_slash (bf16, B=1 H=28 H_KV=4 D=128, NV=1000, NS=6096, ours {BM}x{BN}), median ms"
-    )
-    cases = [f"{s}-{kind}" for s in SEQS for kind in SLASHES]
+    title = "vertical_slash (bf16, B=1 H=28 H_KV=4 D=128, NV=1000, NS=6096), median ms"
+    cases = [f"{s}-{kind}-{t}x{t}" for s in SEQS for kind in SLASHES for t in TILES]
     # issue 31's targets: 1.5x MInference with the same indices, and 0.9 of FA4's dense rate per
     # computed pair (the ours/fa4d column)
     targets = {c: ("minference", 1.5) for c in cases}
@@ -189,19 +192,21 @@ def _table(request):
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("slashes", SLASHES)
 @pytest.mark.parametrize("seq", list(SEQS))
-def test_vertical_slash(benchmark, seq, slashes, provider):
-    S, case = SEQS[seq], f"{seq}-{slashes}"
-    if provider in DENSE and slashes != SLASHES[0]:
-        prev = _RESULTS.get((f"{seq}-{SLASHES[0]}", provider))
+def test_vertical_slash(benchmark, seq, slashes, tile, provider):
+    S, case = SEQS[seq], f"{seq}-{slashes}-{tile}x{tile}"
+    first = f"{seq}-{SLASHES[0] if provider in DENSE else slashes}-{TILES[0]}x{TILES[0]}"
+    if provider in ONCE and case != first:
+        prev = _RESULTS.get((first, provider))
         if prev is not None:
             _RESULTS[(case, provider)] = prev
-        pytest.skip("dense baseline: timed once per length")
+        pytest.skip(f"{provider}: timed once per length (and slash kind), shown in every row")
     q, k, v = _inputs(S)
     anchor = _anchor(S)
     vert, sl = _indices(S, slashes)
-    tile = 64 if provider == "minference" else BM  # MInference runs its own 64-key bands
+    tile = 64 if provider == "minference" else tile  # MInference runs its own 64-key bands
     idx, pairs, build_ms, rows = _setup(S, slashes, tile)
     if provider == "minference":
         # its bands are 64 keys wide but not aligned to 64-key blocks: its own oracle set
@@ -210,7 +215,7 @@ def test_vertical_slash(benchmark, seq, slashes, provider):
     rows = causal_rows_mask(S, q.device) if dense else rows
     try:
         fn, err = checked_call(
-            provider, lambda: _provider(provider, q, k, v, vert, sl, idx), q, k, v, rows
+            provider, lambda: _provider(provider, q, k, v, vert, sl, idx, tile), q, k, v, rows
         )
     except ProviderUnavailable as e:
         pytest.skip(str(e))

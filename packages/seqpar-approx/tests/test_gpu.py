@@ -95,6 +95,9 @@ MULTI_SPARSE = {
     "n16411-mminference-sync": _case(
         n=16411, query_len=100, host="mminference", block=64, overlap_comm=False
     ),
+    "n16411-mminference-prefix": _case(
+        n=16411, query_len=100, host="mminference", block=64, prefix_top_k=16
+    ),
     "n16411-policy-dynamic": _case(
         n=16411, query_len=100, host="policy", sink=8, window=512, layer=1, block=64
     ),

@@ -79,7 +79,9 @@ if [ -d "$MINF_SITE/minference" ]; then
   else
     echo "minference_env: import of vertical_slash_sparse_attention and streaming_forward FAILS:" >&2
     tail -n 15 /tmp/minfimport.log >&2
+    return 1
   fi
 else
   echo "minference_env: minference is not installed here (carry .minf/ once to build it)" >&2
+  return 1
 fi

@@ -233,11 +233,13 @@ def test_auto_runs_the_table_engine_and_triton_for_what_fa4_cannot():
     q32, k32, v32 = (t.float() for t in (q, k, v))  # fp32: FA4 cannot, auto is triton
     auto = attention(q32, k32, v32, impl="auto")
     assert torch.equal(auto.out, attention(q32, k32, v32, impl="triton").out)
-    # Block-list ops are keyed by block size: vertical-slash at 128x128 and 64x64.
+    # Block-list ops are keyed by block size: vertical-slash runs FA4 at 128x128, Triton at 64x64
+    # (sm90, bf16, D=128).
+    assert fa4.auto_prefers("vertical_slash_attention", q, (128, 128))
+    assert not fa4.auto_prefers("vertical_slash_attention", q, (64, 64))
     vi, si = _vs_indices(1, 4, 512, 20, 30, seed=1, device="cuda")
-    for bs in (64, 128):
+    for bs, want in ((64, "triton"), (128, "fa4")):
         kw = dict(block_m=bs, block_n=bs)
-        want = "fa4" if fa4.auto_prefers("vertical_slash_attention", q, (bs, bs)) else "triton"
         auto = vertical_slash_attention(q, k, v, vi, si, impl="auto", **kw)
         assert torch.equal(auto.out, vertical_slash_attention(q, k, v, vi, si, impl=want, **kw).out)
 

@@ -183,8 +183,14 @@ def minference_vertical_slash_call(q, k, v, vertical: torch.Tensor, slash: torch
             f"vertical and slash must be [B, H, n] with (B, H) = {tuple(q.shape[:2])}, got "
             f"{tuple(vertical.shape)} and {tuple(slash.shape)}"
         )
-    if bool((slash.amin(-1) != 0).any()):
-        raise ValueError("minference: every head's slash offsets must include 0 and be >= 0")
+    if slash.shape[-1] == 0:
+        raise ValueError("minference: every head's slash offsets must include 0, got NS=0")
+    mins = slash.amin(-1)
+    if bool((mins != 0).any()):
+        raise ValueError(
+            "minference: every head's slash offsets must include 0 and be >= 0, got minimum "
+            f"offsets {mins.flatten()[:8].tolist()} (first heads)"
+        )
     from minference import vertical_slash_sparse_attention
 
     kk, vv = _repeat_kv(q, k, v)

@@ -219,10 +219,14 @@ def cudnn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[
 
 
 def bench_rounds(S: int) -> dict[str, int]:
-    """Rounds for ``run_benchmark`` by sequence length: fewer where one call takes seconds."""
+    """Rounds for ``run_benchmark`` by sequence length: fewer where one call takes seconds. Short
+    calls get more warm-up: a provider timed right after a setup pause (index build, oracle
+    check) ran up to 15% slower than the same kernel timed next with 2 warm-up calls at 32K."""
     if S >= 524288:
         return dict(rounds=2, warmup_rounds=1)
-    return dict(rounds=5 if S >= 131072 else 10, warmup_rounds=2)
+    if S >= 131072:
+        return dict(rounds=5, warmup_rounds=3)
+    return dict(rounds=10, warmup_rounds=10)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -79,25 +79,19 @@ def test_index_executes_exactly_the_mask(S, BM, BN, NV, NS):
 
 @pytest.mark.parametrize("S,BM,BN,NV,NS", SIZES)
 def test_range_lists_list_exactly_the_range_tiles(S, BM, BN, NV, NS):
-    # The block lists the FA4 engine runs: each query block's range tiles, ascending, the full
-    # ones (every key at or before the block's first row, inside S) apart from the partial ones.
+    # The block lists the FA4 engine runs: each query block's range tiles, ascending.
     from sparse_kernels.vertical_slash.lists_triton import _launch_range_lists
 
     v, s = make_indices(2, 3, S, NV, NS, seed=S + NV + 1, local=min(NS, 4))
     idx = build_vertical_slash_index(v, s, seq_len=S, block_m=BM, block_n=BN)
-    part_num, part, full_num, full = _launch_range_lists(idx)
+    num, lists = _launch_range_lists(idx)
     tiles = idx.tile_mask()
-    nqb, nkb = tiles.shape[-2:]
-    first_row = torch.arange(nqb, device=tiles.device)[:, None] * BM
-    n = torch.arange(nkb, device=tiles.device)[None, :]
-    below = ((n + 1) * BN - 1 <= first_row) & ((n + 1) * BN <= S)
-    for num, lists, sel in ((full_num, full, tiles & below), (part_num, part, tiles & ~below)):
-        assert torch.equal(num, sel.sum(-1, dtype=torch.int32))
-        width = lists.shape[-1]
-        assert width == max(int(num.max()), 1)  # as wide as the longest list, not NKB
-        want = torch.where(sel, torch.arange(nkb, device=sel.device), nkb).sort(-1).values
-        listed = torch.arange(width, device=num.device) < num[..., None]
-        assert torch.equal(lists[listed], want[..., :width][listed].to(torch.int32))
+    assert torch.equal(num, tiles.sum(-1, dtype=torch.int32))
+    nkb, width = tiles.shape[-1], lists.shape[-1]
+    assert width == max(int(num.max()), 1)  # as wide as the longest list, not NKB
+    want = torch.where(tiles, torch.arange(nkb, device=tiles.device), nkb).sort(-1).values
+    listed = torch.arange(width, device=num.device) < num[..., None]
+    assert torch.equal(lists[listed], want[..., :width][listed].to(torch.int32))
 
 
 def test_block_rounding_adds_whole_tiles():

@@ -94,3 +94,17 @@ def _finish_rows(acc, l_i, m_i):
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     return acc / l_safe[:, None], lse
+
+
+@triton.jit
+def _resume_rows(o_ptrs, l_ptrs, row_ok, rd_ok):
+    """The inverse of :func:`_finish_rows`: a finished result (``out``, natural-log ``lse``) as an
+    online-softmax state ``(acc, l_i, m_i)`` in the exp2 domain (maximum ``lse * log2(e)``, sum 1,
+    accumulator ``out``), so that a kernel can add more keys to another engine's result in place.
+    A row that saw no key (``lse = -inf``) resumes as ``0, 0, -inf``."""
+    lse = tl.load(l_ptrs, mask=row_ok, other=float("-inf"))
+    seen = lse > float("-inf")
+    m_i = tl.where(seen, lse * 1.4426950408889634, float("-inf"))
+    l_i = tl.where(seen, 1.0, 0.0)
+    acc = tl.where(seen[:, None], tl.load(o_ptrs, mask=rd_ok, other=0.0).to(tl.float32), 0.0)
+    return acc, l_i, m_i

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .._triton.config import FP32_CONFIG, block_d, on_interpreter
-from .._triton.inner import _attn_tile_inner, _finish_rows
+from .._triton.inner import _attn_tile_inner, _finish_rows, _resume_rows
 
 
 @triton.jit
@@ -85,13 +85,7 @@ def _sink_merge_fwd_kernel(
         lse_ptr + b.to(tl.int64) * stride_l_b + h.to(tl.int64) * stride_l_h
         + offs_m.to(tl.int64) * stride_l_s
     )  # fmt: skip
-    lse_w = tl.load(l_ptrs, mask=row_ok, other=float("-inf"))
-    seen = lse_w > float("-inf")
-    # The window's result as an online-softmax state in the exp2 domain: maximum lse * log2(e),
-    # sum 1, accumulator out (a row that saw no key: -inf, 0, 0).
-    m_i = tl.where(seen, lse_w * 1.4426950408889634, float("-inf"))
-    l_i = tl.where(seen, 1.0, 0.0)
-    acc = tl.where(seen[:, None], tl.load(o_ptrs, mask=rd_ok, other=0.0).to(tl.float32), 0.0)
+    acc, l_i, m_i = _resume_rows(o_ptrs, l_ptrs, row_ok, rd_ok)  # the window's result
 
     k_base = k_ptr + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h
     v_base = v_ptr + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .._triton.config import FP32_CONFIG, block_d, on_interpreter
-from .._triton.inner import _attn_tile_inner, _finish_rows
+from .._triton.inner import _attn_tile_inner, _finish_rows, _resume_rows
 from ..tuning import KernelSpec, LaunchConfig, choose_config
 
 # Launch configs: looked up per GPU, shape and length in the tuned tables (sparse_kernels.tuning);
@@ -80,13 +80,7 @@ def _vertical_slash_fwd_kernel(
     l_ptrs = lse_ptr + b * stride_l_b + h * stride_l_h + offs_m.to(tl.int64) * stride_l_s
     rd_ok = row_ok[:, None] & d_ok[None, :]
     if MERGE:
-        # The ranges' result as an online-softmax state in the exp2 domain (a row that saw no
-        # key: -inf, 0, 0).
-        lse_r = tl.load(l_ptrs, mask=row_ok, other=float("-inf"))
-        seen = lse_r > float("-inf")
-        m_i = tl.where(seen, lse_r * 1.4426950408889634, float("-inf"))
-        l_i = tl.where(seen, 1.0, 0.0)
-        acc = tl.where(seen[:, None], tl.load(o_ptrs, mask=rd_ok, other=0.0).to(tl.float32), 0.0)
+        acc, l_i, m_i = _resume_rows(o_ptrs, l_ptrs, row_ok, rd_ok)  # the ranges' result
         n_ranges = 0
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)

@@ -291,7 +291,8 @@ def _apply(model, method: str, dims: dict, layout, timer: _Timer):
         **{k: dims[k] for k in ("sink", "window", "n_vertical", "n_slash")},
     )
 
-    planner = MMInferencePlanner()  # one for every layer: its per-shape state serves them all
+    # one for every layer: its per-shape state serves them all
+    planner = MMInferencePlanner(block=dims.get("block", 64))
 
     def dynamic(q, k, v, *, layer_idx, scale):
         heads = mix if config is None else config.layer(layer_idx)
@@ -531,6 +532,7 @@ def bench(
         exact_verticals=bool(dims.get("exact_verticals", False)),
         exact_a_shape=bool(dims.get("exact_a_shape", False)),
         qk_bias_norm=dims.get("qk_bias_norm"),
+        block=dims.get("block", 64),
         pattern_shape={k: dims[k] for k in ("sink", "window", "last", "n_vertical", "n_slash")},
         head_config="fixed mix" if cfg is None else {
             "source": dims.get("config_source", "searched in this run"),
@@ -681,6 +683,13 @@ def main(argv=None) -> int:
         "AShape(exact=True): no block rounding, run by triangle_attention",
     )
     p.add_argument(
+        "--block",
+        type=int,
+        default=64,
+        help="the MMInference planner's block (query rows = key columns per tile): 64 or 128; "
+        "128 is the block FlashAttention-4's block-sparse kernel runs (sparse-kernels[hopper])",
+    )
+    p.add_argument(
         "--profile",
         default=None,
         metavar="DIR",
@@ -741,7 +750,10 @@ def main(argv=None) -> int:
         exact_verticals=a.exact_verticals,
         exact_a_shape=a.exact_a_shape,
         qk_bias_norm=a.qk_bias_norm,
+        block=a.block,
     )
+    if a.block not in (64, 128):
+        p.error(f"--block: expected 64 or 128, got {a.block}")
     if a.qk_bias_norm is not None and a.qk_bias_norm < 0:
         p.error(f"--qk-bias-norm: expected a norm >= 0, got {a.qk_bias_norm}")
     if a.config is not None and a.search_tokens is not None:

@@ -372,6 +372,42 @@ def test_bench_ttft_smoke(tmp_path, extra, method_calls):
     assert all(r["warmup_tokens"] == (512 if extra else r["tokens"]) for r in rows)
 
 
+def test_bench_ttft_block_reaches_the_planner_and_the_exact_kernel(tmp_path, monkeypatch, capsys):
+    """``--block 128``: every layer is planned at 128 and the exact Vertical-Slash heads run
+    128x128 tiles (the tile FlashAttention-4's path takes); other blocks are refused."""
+    import sparse_kernels
+    import sparse_patterns
+
+    mod = _benchmark_module("bench_ttft")
+    seen = {"plan": set(), "vertical_slash": set()}
+    real_plan, real_vs = (
+        sparse_patterns.MMInferencePlanner.plan,
+        sparse_kernels.vertical_slash_attention,
+    )
+
+    def plan_spy(self, *args, **kwargs):
+        seen["plan"].add(self.block)
+        return real_plan(self, *args, **kwargs)
+
+    def vs_spy(*args, **kwargs):
+        seen["vertical_slash"].add((kwargs["block_m"], kwargs["block_n"]))
+        return real_vs(*args, **kwargs)
+
+    monkeypatch.setattr(sparse_patterns.MMInferencePlanner, "plan", plan_spy)
+    monkeypatch.setattr(sparse_kernels, "vertical_slash_attention", vs_spy)
+    out = tmp_path / "t.json"
+    args = ["--smoke", "--methods", "mminference", "--exact-verticals", "--warmup-tokens", "512",
+            "--single-pass", "--out", str(out)]  # fmt: skip
+    assert mod.main([*args, "--block", "128"]) == 0
+    assert seen == {"plan": {128}, "vertical_slash": {(128, 128)}}
+    assert json.loads(out.read_text())["rows"][0]["env"]["block"] == 128
+    out.unlink()
+    with pytest.raises(SystemExit) as e:
+        mod.main([*args, "--block", "96"])
+    assert e.value.code == 2 and "--block: expected 64 or 128, got 96" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_bench_ttft_fused_methods_smoke(tmp_path, method_calls):
     """``+fused`` rows run the same attention with fused norms, MLP gates and rotary step (the reference on
     the CPU: the eager arithmetic, so dense+fused equals dense bit for bit here)."""

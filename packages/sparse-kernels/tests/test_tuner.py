@@ -39,6 +39,16 @@ KERNEL_MODULES = {
     "vertical_slash": "sparse_kernels.vertical_slash.triton",
     "line_scores": "sparse_kernels.estimate.triton",
 }
+# The variants each op is tuned for, in the order its case prepares them: the table variants its
+# launcher looks up in a prefill (vertical_slash: the planner's 64x64 tiles and 128x128 ones).
+VARIANTS = {
+    "attention": ["causal"],
+    "block_sparse": ["causal"],
+    "permuted": ["causal"],
+    "triangle": [""],
+    "vertical_slash": ["64x64", "128x128"],
+    "line_scores": ["rows64"],
+}
 
 
 @pytest.fixture
@@ -94,14 +104,44 @@ def test_tuned_entry_has_the_key_its_launcher_looks_up(cache, monkeypatch, op):
     # line_scores launches its first pass before it looks pass 2's config up: on a GPU machine
     # (no interpreter) that launch needs CUDA tensors
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    prepared = tc.CASES[op].prepare(SHAPE, S, dev)
-    spec, asked = launcher_key(monkeypatch, op, prepared)
-    cands = spec.fitting(asked.get("blocks", ()))[:2]
+    calls = tc.CASES[op].prepare(SHAPE, S, dev)
+    asked = [launcher_key(monkeypatch, op, prepared) for prepared in calls]
+    assert [kw.get("variant", "") for _, kw in asked] == VARIANTS[op]
+    spec = asked[0][0]
+    fit = [c for c in spec.candidates if all(spec.fits(c, kw.get("blocks", ())) for _, kw in asked)]
+    cands = fit[:2]
     res = run([S], Timer({c: 1.0 + i for i, c in enumerate(cands)}), ops=[op], cands=cands)
-    assert res.path == user_table_path(FAMILY)
-    assert asked["seq_len"] == S and asked["group"] == SHAPE.group
-    got = CHOOSER.lookup(spec, family=FAMILY, **{k: v for k, v in asked.items() if k != "device"})
-    assert got.source == "user" and got.config == cands[0]
+    assert res.path == user_table_path(FAMILY) and len(res.tuned) == len(calls)
+    for _, kw in asked:
+        assert kw["seq_len"] == S and kw["group"] == SHAPE.group
+        got = CHOOSER.lookup(spec, family=FAMILY, **{k: v for k, v in kw.items() if k != "device"})
+        # "user" only for the exact key: another variant's entry would come back as "nearest"
+        assert got.source == "user" and got.config == cands[0]
+        assert got.entry.variant == kw.get("variant", "")
+
+
+def test_one_vertical_slash_run_tunes_64x64_and_128x128_tiles_as_two_entries(cache):
+    w4, w8 = LaunchConfig.of(num_warps=4, num_stages=2), LaunchConfig.of(num_warps=8, num_stages=3)
+    timer, lines = Timer({w4: 2.0, w8: 1.0}), []
+    res = tune(SHAPE, [512, 4096], ops=["vertical_slash"], device="cpu", timer=timer,
+               candidates={"vertical_slash": (w4, w8)}, log=lines.append)  # fmt: skip
+    want = [("64x64", 512), ("128x128", 512), ("64x64", 4096), ("128x128", 4096)]
+    assert [(e.variant, e.seq_len) for e in res.tuned] == want
+    table = ConfigTable.load(user_table_path(FAMILY))
+    assert sorted((e.op, e.variant, e.bucket, e.config) for e in table.entries) == sorted(
+        ("vertical_slash", v, length_bucket(S), w8) for v, S in want
+    )
+    assert timer.calls == [w4, w8] * 4  # every variant timed every candidate at each length
+    assert [line.split(" D=")[0] for line in lines] == [f"tune vertical_slash/{v}" for v, _ in want]
+
+
+def test_a_case_that_prepares_no_tuple_is_refused_before_any_timing(cache):
+    attention = tc.CASES["attention"]
+    bare = tc.TuneCase("attention", attention.spec, lambda *a: attention.prepare(*a)[0])
+    timer = Timer({A: 1.0, B: 2.0, C: 3.0})
+    with pytest.raises(TypeError, match="expected a non-empty tuple of Prepared, got Prepared"):
+        run([256], timer, cases={"attention": bare})
+    assert timer.calls == []
 
 
 def test_keys_in_the_table_are_skipped_and_force_tunes_them_again(cache):

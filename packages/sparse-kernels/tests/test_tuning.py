@@ -245,9 +245,9 @@ def test_a_longer_prompt_reuses_the_compiled_kernel(op, kernels):
 
     shape = TuneShape(28, 4, 128, "bfloat16")
     dev = torch.device("cuda")
-    first = CASES[op].prepare(shape, 8192, dev)
+    (first,) = CASES[op].prepare(shape, 8192, dev)
     first.run(None)
-    second = CASES[op].prepare(shape, 32768, dev)
+    (second,) = CASES[op].prepare(shape, 32768, dev)
     with CompileLog() as log:
         second.run(None)
         torch.cuda.synchronize()

@@ -1,9 +1,10 @@
 """What the tuner times: one case per tuned op, built like the calls a prefill makes.
 
-A case turns a model's attention shape and a key length into a :class:`Prepared` call: random
-inputs with the structure of a real call (the block sizes, list densities and permutations the
-planners launch with), the lookup key the op's launcher asks ``choose_config`` for on those
-inputs (variant, blocks, length), and a function that launches the op's kernel with a given
+A case turns a model's attention shape and a key length into a tuple of :class:`Prepared` calls,
+one per variant of the op that is tuned (one for every op but ``vertical_slash``): random inputs
+with the structure of a real call (the block sizes, list densities and permutations the planners
+launch with), the lookup key the op's launcher asks ``choose_config`` for on those inputs
+(variant, blocks, length), and a function that launches the op's kernel with a given
 :class:`~sparse_kernels.tuning.LaunchConfig`. Inputs are seeded: two runs time the same work.
 
 The shapes, and where they come from:
@@ -22,7 +23,10 @@ The shapes, and where they come from:
   so this entry also serves ``triangle_mix.LayerPolicy``'s smaller default (sink 8, window
   512), whose window loop is shorter.
 * ``vertical_slash``: MInference's default 1000 verticals and 1024 slashes
-  (``sparse_patterns.VerticalSlash``) over the planner's 64x64 blocks.
+  (``sparse_patterns.VerticalSlash``) at two tile shapes, each its own table entry (variant
+  ``"64x64"``, ``"128x128"``): the planner's 64x64 blocks, and the 128x128 blocks of
+  ``vertical_slash_attention(block_m=128, block_n=128)`` (FA4's path's tile, and what a caller
+  without FA4 may pass). Both calls share q, k, v and the indices.
 * ``line_scores``: the estimators' last 64 query rows (``VerticalSlash.last_q``,
   ``Grid.last_q``) against every key.
 """
@@ -39,6 +43,7 @@ from .configs import KernelSpec, LaunchConfig
 from .table import DTYPES
 
 PLANNER_BLOCK = 64  # sparse_patterns.plan_layer's block (block_m = block_n)
+VERTICAL_SLASH_BLOCKS = (PLANNER_BLOCK, 128)  # square tiles tuned for vertical_slash
 BLOCK_SPARSE_BLOCK = 128
 BLOCK_SPARSE_DENSITY = 0.10
 TOKENS_PER_FRAME = 256  # Qwen2.5-VL: 448x448 frames after the 2x2 merge, the Grid stride
@@ -104,11 +109,11 @@ class Prepared:
 @dataclass(frozen=True)
 class TuneCase:
     """``spec()`` imports the op's :class:`KernelSpec`; ``prepare(shape, S, device)`` builds the
-    call (see the module docstring)."""
+    calls, one :class:`Prepared` per tuned variant (see the module docstring)."""
 
     op: str
     spec: Callable[[], KernelSpec]
-    prepare: Callable[[TuneShape, int, torch.device], Prepared]
+    prepare: Callable[[TuneShape, int, torch.device], tuple[Prepared, ...]]
 
 
 def _qkv(shape: TuneShape, S: int, device: torch.device, seed: int = 0):
@@ -134,7 +139,7 @@ def _attention_spec() -> KernelSpec:
     return SPEC
 
 
-def _attention(shape: TuneShape, S: int, device: torch.device) -> Prepared:
+def _attention(shape: TuneShape, S: int, device: torch.device) -> tuple[Prepared]:
     from ..attention.triton import _launch_attention_fwd
 
     q, k, v = _qkv(shape, S, device)
@@ -143,7 +148,7 @@ def _attention(shape: TuneShape, S: int, device: torch.device) -> Prepared:
     def run(config: LaunchConfig):
         return _launch_attention_fwd(q, k, v, causal=True, scale=scale, config=config)
 
-    return Prepared("attention", "causal", (), S, run)
+    return (Prepared("attention", "causal", (), S, run),)
 
 
 # ---- block_sparse ----
@@ -173,7 +178,7 @@ def block_sparse_lists(H: int, S: int, block: int, density: float, device, seed:
     return fcnt, fidx, cnt, idx
 
 
-def _block_sparse(shape: TuneShape, S: int, device: torch.device) -> Prepared:
+def _block_sparse(shape: TuneShape, S: int, device: torch.device) -> tuple[Prepared]:
     from ..block_sparse.triton import _launch_block_sparse_fwd
 
     q, k, v = _qkv(shape, S, device)
@@ -187,7 +192,7 @@ def _block_sparse(shape: TuneShape, S: int, device: torch.device) -> Prepared:
             config=config,
         )  # fmt: skip
 
-    return Prepared("block_sparse", "causal", (blk, blk), S, run)
+    return (Prepared("block_sparse", "causal", (blk, blk), S, run),)
 
 
 # ---- permuted ----
@@ -232,7 +237,7 @@ def grid_plan(H: int, S: int, block: int, stride: int, device):
     return perm, idx, cnt, rs, rc
 
 
-def _permuted(shape: TuneShape, S: int, device: torch.device) -> Prepared:
+def _permuted(shape: TuneShape, S: int, device: torch.device) -> tuple[Prepared]:
     from ..permuted.triton import _launch_permuted_fwd
     from ..sparse_plan import SparsePlan
 
@@ -249,7 +254,7 @@ def _permuted(shape: TuneShape, S: int, device: torch.device) -> Prepared:
     def run(config: LaunchConfig):
         return _launch_permuted_fwd(q, k, v, plan, scale=scale, config=config)
 
-    return Prepared("permuted", "causal", (blk, blk), S, run)
+    return (Prepared("permuted", "causal", (blk, blk), S, run),)
 
 
 # ---- triangle ----
@@ -261,7 +266,7 @@ def _triangle_spec() -> KernelSpec:
     return SPEC
 
 
-def _triangle(shape: TuneShape, S: int, device: torch.device) -> Prepared:
+def _triangle(shape: TuneShape, S: int, device: torch.device) -> tuple[Prepared]:
     from ..triangle.triton import _launch_triangle_fwd
 
     q, k, v = _qkv(shape, S, device)
@@ -273,7 +278,7 @@ def _triangle(shape: TuneShape, S: int, device: torch.device) -> Prepared:
             q, k, v, sink=sink, window=window, last=last, scale=scale, config=config
         )
 
-    return Prepared("triangle", "", (), S, run)
+    return (Prepared("triangle", "", (), S, run),)
 
 
 # ---- vertical_slash ----
@@ -297,22 +302,25 @@ def vertical_slash_indices(H: int, S: int, n_vertical: int, n_slash: int, device
     return vert.to(torch.int32)[None], slash.to(torch.int32)[None]
 
 
-def _vertical_slash(shape: TuneShape, S: int, device: torch.device) -> Prepared:
+def _vertical_slash(shape: TuneShape, S: int, device: torch.device) -> tuple[Prepared, ...]:
     from ..vertical_slash.index import build_vertical_slash_index
     from ..vertical_slash.triton import _launch_vertical_slash_fwd
 
     q, k, v = _qkv(shape, S, device)
-    blk = PLANNER_BLOCK
     vert, slash = vertical_slash_indices(shape.heads, S, N_VERTICAL, N_SLASH, device)
-    index = build_vertical_slash_index(
-        vert, slash, seq_len=S, block_m=blk, block_n=blk, check_contents=False
-    )
     scale = _scale(shape)
 
-    def run(config: LaunchConfig):
-        return _launch_vertical_slash_fwd(q, k, v, index, scale=scale, config=config)
+    def prepared(blk: int) -> Prepared:
+        index = build_vertical_slash_index(
+            vert, slash, seq_len=S, block_m=blk, block_n=blk, check_contents=False
+        )
 
-    return Prepared("vertical_slash", f"{blk}x{blk}", (blk, blk), S, run)
+        def run(config: LaunchConfig):
+            return _launch_vertical_slash_fwd(q, k, v, index, scale=scale, config=config)
+
+        return Prepared("vertical_slash", f"{blk}x{blk}", (blk, blk), S, run)
+
+    return tuple(prepared(blk) for blk in VERTICAL_SLASH_BLOCKS)
 
 
 # ---- line_scores ----
@@ -324,7 +332,7 @@ def _line_scores_spec() -> KernelSpec:
     return SPEC
 
 
-def _line_scores(shape: TuneShape, S: int, device: torch.device) -> Prepared:
+def _line_scores(shape: TuneShape, S: int, device: torch.device) -> tuple[Prepared]:
     from ..estimate.triton import line_scores_triton
 
     q, k, _ = _qkv(shape, S, device)
@@ -336,7 +344,7 @@ def _line_scores(shape: TuneShape, S: int, device: torch.device) -> Prepared:
         return line_scores_triton(rows, k, S - L, scale=scale, config=config)
 
     # the launcher's variant: its row tile, the power of two holding L rows (at least 16)
-    return Prepared("line_scores", f"rows{max(16, 1 << (L - 1).bit_length())}", (), S, run)
+    return (Prepared("line_scores", f"rows{max(16, 1 << (L - 1).bit_length())}", (), S, run),)
 
 
 CASES = MappingProxyType(

@@ -93,6 +93,19 @@ def _check_ops(ops: Sequence[str], cases: Mapping[str, TuneCase]) -> list[str]:
     return list(dict.fromkeys(ops))
 
 
+def _prepare(
+    case: TuneCase, shape: TuneShape, S: int, device: torch.device
+) -> tuple[Prepared, ...]:
+    """The case's calls at length ``S``, checked: ``cases=`` may hold cases written elsewhere."""
+    calls = case.prepare(shape, S, device)
+    if not (isinstance(calls, tuple) and calls and all(isinstance(p, Prepared) for p in calls)):
+        got = type(calls).__name__ if not isinstance(calls, tuple) else f"a tuple {calls!r}"
+        raise TypeError(
+            f"cases[{case.op!r}].prepare: expected a non-empty tuple of Prepared, got {got}"
+        )
+    return calls
+
+
 def _key(p: Prepared, shape: TuneShape) -> tuple:
     return (p.op, p.variant, shape.head_dim, shape.dtype, shape.group, length_bucket(p.seq_len))
 
@@ -146,8 +159,10 @@ def tune(
 ) -> TuneResult:
     """Tune ``ops`` for one attention shape at each key length and write the table.
 
-    For each op and length, the op's case (:mod:`sparse_kernels.tuning.cases`) builds inputs
-    like a real call and the key its launcher looks up; every candidate of the op's
+    For each op and length, the op's case (:mod:`sparse_kernels.tuning.cases`) builds one call
+    per variant the op is tuned for (``vertical_slash``: 64x64 and 128x128 tiles, on shared
+    inputs; every other op: one), each with inputs like a real call and the key its launcher
+    looks up, and each variant is tuned as its own table entry: every candidate of the op's
     ``KernelSpec`` that fits the call's blocks is timed (``timer(call) -> ms``; default
     ``sparse_kernels._triton.config.bench_config``: one untimed call, then timing). A candidate
     that fails to compile or run out of resources is skipped and reported. The written config is
@@ -157,7 +172,7 @@ def tune(
 
     Args:
         shape: the model's attention shape.
-        lengths: key lengths, one table entry per op and length bucket.
+        lengths: key lengths, one table entry per op variant and length bucket.
         ops: op names from :data:`~sparse_kernels.tuning.cases.OPS`.
         out: the table to write; default the user cache of this GPU's family
             (:func:`~sparse_kernels.tuning.user_table_path`), read by every later process.
@@ -167,7 +182,8 @@ def tune(
         device: a CUDA device (default: the current one).
         command: the command line recorded in the table.
         timer, candidates, cases: what is timed and how (``candidates``: op -> configs, instead
-            of the spec's list; ``cases``: op -> :class:`TuneCase`).
+            of the spec's list, for every variant; ``cases``: op -> :class:`TuneCase`, whose
+            ``prepare`` returns a non-empty tuple of :class:`Prepared`, else ``TypeError``).
         log: one progress line per key (default: stderr).
 
     Returns a :class:`TuneResult`; :data:`~sparse_kernels.tuning.lookup.CHOOSER` is reloaded, so
@@ -209,40 +225,44 @@ def tune(
             case = cases[op]
             spec = case.spec()
             for S in lengths:
-                prepared = case.prepare(shape, S, device)
-                key = _key(prepared, shape)
-                if key in tuned or key in skipped:  # a bucket's shortest length decides for it
-                    continue
-                if key in have and not force:
-                    skipped.append(key)
-                    log(f"tune {_label(key)} @{S}: in {path} already (--force tunes it again)")
-                    continue
-                configs = (
-                    list(candidates[op])
-                    if candidates is not None and op in candidates
-                    else spec.fitting(prepared.blocks)
-                )
-                times: dict[LaunchConfig, float] = {}
-                errors = []
-                for config in configs:
-                    try:
-                        times[config] = float(timer(functools.partial(prepared.run, config)))
-                    except skip_errors as e:
-                        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                        failures.append(Failure(key, config, f"{type(e).__name__}: {msg}"))
-                        errors.append(f"{config}: {type(e).__name__}")
-                if not times:
-                    why = "; ".join(errors) or f"none fits the blocks {prepared.blocks}"
-                    raise RuntimeError(f"tune {_label(key)} @{S}: no candidate ran ({why})")
-                others = [e for e in (*have.values(), *tuned.values()) if e.key != key]
-                chosen = pick(times, _neighbours(key, others))
-                entry = TableEntry(*key, config=chosen, seq_len=S, ms=times[chosen])
-                tuned[key] = entry
-                best = min(times.values())
-                note = "" if times[chosen] == best else f" (neighbour bucket's; best {best:.3f} ms)"
-                fail = f"; {len(errors)} failed: {', '.join(errors)}" if errors else ""
-                log(f"tune {_label(key)} @{S}: {chosen} {times[chosen]:.3f} ms{note}, "
-                    f"{len(times)} timed{fail}")  # fmt: skip
+                for prepared in _prepare(case, shape, S, device):
+                    key = _key(prepared, shape)
+                    if key in tuned or key in skipped:  # a bucket's shortest length decides for it
+                        continue
+                    if key in have and not force:
+                        skipped.append(key)
+                        log(f"tune {_label(key)} @{S}: in {path} already (--force tunes it again)")
+                        continue
+                    configs = (
+                        list(candidates[op])
+                        if candidates is not None and op in candidates
+                        else spec.fitting(prepared.blocks)
+                    )
+                    times: dict[LaunchConfig, float] = {}
+                    errors = []
+                    for config in configs:
+                        try:
+                            times[config] = float(timer(functools.partial(prepared.run, config)))
+                        except skip_errors as e:
+                            msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                            failures.append(Failure(key, config, f"{type(e).__name__}: {msg}"))
+                            errors.append(f"{config}: {type(e).__name__}")
+                    if not times:
+                        why = "; ".join(errors) or f"none fits the blocks {prepared.blocks}"
+                        raise RuntimeError(f"tune {_label(key)} @{S}: no candidate ran ({why})")
+                    others = [e for e in (*have.values(), *tuned.values()) if e.key != key]
+                    chosen = pick(times, _neighbours(key, others))
+                    entry = TableEntry(*key, config=chosen, seq_len=S, ms=times[chosen])
+                    tuned[key] = entry
+                    best = min(times.values())
+                    note = (
+                        ""
+                        if times[chosen] == best
+                        else f" (neighbour bucket's; best {best:.3f} ms)"
+                    )
+                    fail = f"; {len(errors)} failed: {', '.join(errors)}" if errors else ""
+                    log(f"tune {_label(key)} @{S}: {chosen} {times[chosen]:.3f} ms{note}, "
+                        f"{len(times)} timed{fail}")  # fmt: skip
                 del prepared  # the next length's inputs are allocated without these
             if any(key[0] == op for key in tuned):  # saved per op: a killed run keeps these
                 table = _merged(old, tuned, gpu, capability, command)

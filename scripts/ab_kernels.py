@@ -6,9 +6,11 @@ Make the other copy importable under another name (all imports inside the packag
     mv /tmp/ab/packages/sparse-kernels/src/sparse_kernels /tmp/ab/sparse_kernels_old
     PYTHONPATH=/tmp/ab:$PYTHONPATH python scripts/ab_kernels.py --json out.json
 
-Times dense causal attention, the triangle kernel and block-sparse attention (checks off on both
-sides, so the kernels and their launchers are compared) at the Qwen2.5-VL-7B attention shape, bf16,
-interleaving old and new calls; prints the median of each and new / old.
+Times dense causal attention, the triangle and A-shape patterns (TriangleMix's two shapes) and
+block-sparse attention (checks off on both sides, so the kernels and their launchers are compared)
+at the Qwen2.5-VL-7B attention shape, bf16, interleaving old and new calls; prints the median of
+each and new / old. Every op runs under ``impl="auto"``: with ``sparse-kernels[hopper]`` on sm90
+that is the FlashAttention-4 engine where ``AUTO_FA4`` lists the op.
 """
 
 from __future__ import annotations
@@ -64,6 +66,13 @@ def main() -> None:
             "dense": lambda m: m.attention(q, k, v, causal=True),
             "triangle(8,512,128)": lambda m: m.triangle_attention(
                 q, k, v, sink=8, window=512, last=128
+            ),
+            "triangle(128,4096,128)": lambda m: m.triangle_attention(
+                q, k, v, sink=128, window=4096, last=128
+            ),
+            "a-shape(8,512)": lambda m: m.triangle_attention(q, k, v, sink=8, window=512, last=0),
+            "a-shape(128,4096)": lambda m: m.triangle_attention(
+                q, k, v, sink=128, window=4096, last=0
             ),
         }
         for density in (0.1, 0.3):

@@ -685,9 +685,10 @@ def main(argv=None) -> int:
     p.add_argument(
         "--block",
         type=int,
+        choices=(64, 128),
         default=64,
-        help="the MMInference planner's block (query rows = key columns per tile): 64 or 128; "
-        "128 is the block FlashAttention-4's block-sparse kernel runs (sparse-kernels[hopper])",
+        help="the MMInference planner's block (query rows = key columns per tile); 128 is the "
+        "block FlashAttention-4's block-sparse kernel runs (sparse-kernels[hopper])",
     )
     p.add_argument(
         "--profile",
@@ -752,8 +753,6 @@ def main(argv=None) -> int:
         qk_bias_norm=a.qk_bias_norm,
         block=a.block,
     )
-    if a.block not in (64, 128):
-        p.error(f"--block: expected 64 or 128, got {a.block}")
     if a.qk_bias_norm is not None and a.qk_bias_norm < 0:
         p.error(f"--qk-bias-norm: expected a norm >= 0, got {a.qk_bias_norm}")
     if a.config is not None and a.search_tokens is not None:

@@ -404,7 +404,10 @@ def test_bench_ttft_block_reaches_the_planner_and_the_exact_kernel(tmp_path, mon
     out.unlink()
     with pytest.raises(SystemExit) as e:
         mod.main([*args, "--block", "96"])
-    assert e.value.code == 2 and "--block: expected 64 or 128, got 96" in capsys.readouterr().err
+    assert (
+        e.value.code == 2
+        and "--block: invalid choice: 96 (choose from 64, 128)" in capsys.readouterr().err
+    )
     assert not out.exists()
 
 

@@ -129,6 +129,39 @@ def _check_composed_mask(case, hosts=2):
     torch.testing.assert_close(got.out[:, :, qs:], exact.out[:, :, qs:], **FP32)
 
 
+def test_mminference_step_runs_an_execution_only_plan(monkeypatch):
+    """The host's step plans without the exact heads' block lists (``BlockPlan.run`` reads none)
+    and gives exactly what the plan with every list gives."""
+    from sparse_patterns import AShape, Grid, HeadConfig, VerticalSlash
+
+    heads = (
+        HeadConfig(VerticalSlash(n_vertical=8, n_slash=8, last_q=16, exact_verticals=True)),
+        HeadConfig(AShape(sink=4, window=32, exact=True)),
+        HeadConfig(Grid(last_q=16)),
+        HeadConfig(VerticalSlash(n_vertical=8, n_slash=8, last_q=16)),
+    )
+    S = 256
+    host = MMInferenceHost(heads, token_layout=case_token_layout(S), block=64)
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 4, S, 16, generator=g)
+    k, v = torch.randn(2, 1, 2, S, 16, generator=g)
+    none = k[:, :, :0]
+    asked = []
+    plan = host.planner.plan
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs["exact_vertical_lists"])
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(host.planner, "plan", spy)
+    got = host(q, k, v, none, none, start=0, scale=0.25, impl="reference")
+    assert asked == [False]
+    full = host.plan(q, k, start=0, scale=0.25)
+    assert asked == [False, True] and full.exact_lists
+    ref = full.run(q, k, v, scale=0.25, impl="reference")
+    assert torch.equal(got.out, ref.out) and torch.equal(got.lse, ref.lse)
+
+
 def test_dense_step_is_bitwise_spava():
     case = _case(n=131, query_len=9, anchor_len=6, passing_len=5)
     layout, cfg = case_layout(case, 1)

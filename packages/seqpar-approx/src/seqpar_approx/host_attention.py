@@ -196,11 +196,25 @@ class MMInferenceHost:
             )
         return TokenLayout(mod[start : start + length], self.token_layout.tokens_per_frame)
 
-    def plan(self, q: torch.Tensor, k: torch.Tensor, *, start: int, scale: float):
-        """The segment's ``BlockPlan`` (exact block lists, so ``row_mask`` can be read)."""
+    def plan(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        *,
+        start: int,
+        scale: float,
+        exact_vertical_lists: bool = True,
+    ):
+        """The segment's ``BlockPlan``. ``exact_vertical_lists`` is ``MMInferencePlanner.plan``'s:
+        True (default) builds the exact heads' block lists too, so that ``row_mask`` can be read;
+        the host's step plans with False, as ``BlockPlan.run`` reads no list of those heads (on
+        video, exact Vertical-Slash heads list nearly every block, which would widen the layer's
+        index for all heads)."""
         self._check_heads(q)
         lay = self.segment_layout(start, q.shape[2])
-        return self.planner.plan(q, k, self.heads, lay, scale=scale)
+        return self.planner.plan(
+            q, k, self.heads, lay, scale=scale, exact_vertical_lists=exact_vertical_lists
+        )
 
     def prefix_mask(self, q: torch.Tensor, k_prefix: torch.Tensor, *, scale: float) -> torch.Tensor:
         """``[B, H, S, P]`` bool: the prefix keys each of the segment's rows attends."""
@@ -228,7 +242,7 @@ class MMInferenceHost:
             seg = attention(q, k, v, causal=True, scale=scale, impl=impl)
         else:
             with section(timer, "estimation"):
-                plan = self.plan(q, k, start=start, scale=scale)
+                plan = self.plan(q, k, start=start, scale=scale, exact_vertical_lists=False)
             seg = plan.run(q, k, v, scale=scale, impl=impl)
         if k_prefix.shape[2] == 0:
             return seg

@@ -15,10 +15,12 @@ Methods:
 - ``mminference``: every layer runs ``sparse_patterns.plan_layer`` + ``BlockPlan.run`` with a
   fixed head mix: per KV group of 7 heads, 4 Grid (stride = tokens per frame), 2 Vertical-Slash
   (`--exact-verticals`: columns not rounded to blocks, MInference's kernel), 1 A-shape
-  (`--exact-a-shape`: no block rounding, ``triangle_attention``). Or, with ``--search-tokens N``,
-  the config the offline search finds on a calibration prefill of N tokens of this same model
-  (on random weights attention is nearly uniform, so the search picks the pattern that covers
-  the most keys within its budget), or a saved config with ``--config``.
+  (`--exact-a-shape`: no block rounding, ``triangle_attention``), planned in 64-token blocks
+  (``--block 128``: 128, the tile at which ``AUTO_FA4`` runs exact Vertical-Slash heads on
+  FlashAttention-4's block-sparse kernel when ``sparse-kernels[hopper]`` is installed). Or, with
+  ``--search-tokens N``, the config the offline search finds on a calibration prefill of N tokens
+  of this same model (on random weights attention is nearly uniform, so the search picks the
+  pattern that covers the most keys within its budget), or a saved config with ``--config``.
 - ``mminference+trianglemix``: the same below layer 14, triangle attention from it
   (sink 128, window 4096, last 128; last layer last-row only as in triangle_mix).
 

@@ -133,7 +133,7 @@ def _launch_sink_merge_fwd(
         # The pass is bound by reading q and the window's out and writing out. On an H100 (128K
         # rows, H=28, H_KV=4, D=128, bf16, sinks 8 and 128) 64-row tiles with 4 warps were the
         # fastest candidates, about 1.5x faster than 128-row tiles with 8 warps (docs/results.md,
-        # scripts/sweep_sink_merge.py).
+        # packages/sparse-kernels/benchmarks/sweep_sink_merge.py).
         block_m, block_n, warps, stages = 64, 16 if sink <= 16 else 32, 4, 2
     grid = (triton.cdiv(row_hi - row_lo, block_m), B * H)
     _sink_merge_fwd_kernel[grid](

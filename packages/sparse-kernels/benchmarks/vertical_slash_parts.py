@@ -8,7 +8,7 @@ merge under each of its four launch configs and under the looked-up one, and the
 ``auto`` and ``triton`` (128x128 and 64x64 tiles). Each merge call starts from a clone of FA4's
 ``out`` and ``lse``, timed apart as ``clone_out_lse``. CUDA-event medians in ms.
 
-    python scripts/vertical_slash_parts.py --json parts.json
+    python packages/sparse-kernels/benchmarks/vertical_slash_parts.py --json parts.json
 """
 
 from __future__ import annotations

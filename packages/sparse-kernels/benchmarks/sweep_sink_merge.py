@@ -7,7 +7,7 @@ attention shape (H=28, H_KV=4, D=128, bf16, ``out`` in FA4's ``[B, S, H, D]`` la
 (``launcher``), then every (BLOCK_M, BLOCK_N, warps, stages) candidate, each in one process.
 ``copy_out_ms`` (a clone of ``out``) is the memory floor's yardstick.
 
-    S=131072 python scripts/sweep_sink_merge.py --json sweep-128K.json
+    S=131072 python packages/sparse-kernels/benchmarks/sweep_sink_merge.py --json sweep-128K.json
 """
 
 from __future__ import annotations

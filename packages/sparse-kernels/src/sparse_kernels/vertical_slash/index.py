@@ -1,6 +1,7 @@
 """Vertical-slash index build: indices -> per-query-block key-block ranges + leftover columns.
 
-Runs on the indices' device with torch ops, every (batch, head) at once (no per-head loop).
+Runs on the indices' device with torch ops, every (batch, head) at once (no per-head loop); the
+leftover columns by a Triton kernel (``columns_triton``) on CUDA and on CPU under the interpreter.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import check_bool
+from .._validate import check_bool, interpreter_enabled
+from .columns_triton import _launch_column_count, _launch_columns
 
 _OP = "build_vertical_slash_index"
 SUPPORTED_BLOCKS = (64, 128)
@@ -281,10 +283,17 @@ def build_vertical_slash_index(
     en_last = cov_last & ~torch.nn.functional.pad(cov_last[:, 1:], (0, 1))
     range_count[:, -1] = st_last.sum(-1, dtype=torch.int32)
 
-    v = vertical_indices.reshape(N, -1).to(torch.int64)
+    v = vertical_indices.reshape(N, -1)
     NV = v.shape[1]
-    last_row = (torch.clamp((m + 1) * BM, max=S) - 1)[None, :, None]
-    if NV > 0:
+    # The Triton kernel wherever Triton runs; torch ops elsewhere (CPU without the interpreter,
+    # other devices), which materialise [N, NQB, NV] tensors.
+    on_triton = dev.type == "cuda" or (dev.type == "cpu" and interpreter_enabled())
+    if NV > 0 and on_triton:
+        v = v.contiguous()
+        geom = dict(seq_len=S, block_m=BM, block_n=BN)
+        column_count = _launch_column_count(v, cov_t, cov_last, **geom)
+    elif NV > 0:
+        v = v.to(torch.int64)
         # Tile of (row m, vertical v): class index c_m + (nkb - 1 - v // BN) of residue r_m.
         kv = (nkb - 1 - v // BN)[:, None, :]  # [N, 1, NV]
         in_tile = torch.empty(N, nqb, NV, dtype=torch.bool, device=dev)
@@ -297,10 +306,11 @@ def build_vertical_slash_index(
             win = seq[:, (r * a) % p, (r * a) // p :].unfold(-1, nkb, a)[:, :n_rows]
             in_tile[:, rows] = torch.gather(win, 2, kv.expand(N, n_rows, NV))
         in_tile[:, -1] = torch.gather(cov_last, 1, v // BN)
+        last_row = (torch.clamp((m + 1) * BM, max=S) - 1)[None, :, None]
         keep = ~in_tile & (v[:, None, :] <= last_row)
+        column_count = keep.sum(-1, dtype=torch.int32)
     else:
-        keep = torch.zeros(N, nqb, 0, dtype=torch.bool, device=dev)
-    column_count = keep.sum(-1, dtype=torch.int32)
+        column_count = torch.zeros(N, nqb, dtype=torch.int32, device=dev)
 
     sizes = torch.stack([range_count.max(), column_count.max()]).tolist()
     R, C = (max(int(x), 1) for x in sizes)
@@ -316,8 +326,10 @@ def build_vertical_slash_index(
     kb = torch.arange(nkb, device=dev)
     range_start[:, -1] = _compact(st_last[:, None], R, nkb, kb)[:, 0]
     range_end[:, -1] = _compact(en_last[:, None], R, nkb + 1, kb + 1)[:, 0]
-    if NV > 0:
-        columns = _compact(keep, min(C, NV), S, v[:, None, :])
+    if NV > 0 and on_triton:
+        columns = _launch_columns(v, cov_t, cov_last, width=C, **geom)
+    elif NV > 0:
+        columns = _compact(keep, C, S, v[:, None, :])
     else:
         columns = torch.zeros(N, nqb, 1, dtype=torch.int32, device=dev)
     return VerticalSlashIndex(

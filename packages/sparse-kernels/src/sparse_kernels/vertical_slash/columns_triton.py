@@ -1,0 +1,168 @@
+"""A vertical-slash index's leftover columns (Triton): per (batch, head, query block ``m``), the
+verticals ``v <= last row of m`` whose tile ``(m, v // block_n)`` no slash covers, ascending.
+
+Two launches of one kernel: a count pass writes ``column_count``, the caller reads the largest
+count back to the host (with the ranges' width, one read), and a write pass puts each kept
+vertical at its rank (a cumulative sum along the row) and pads the row. Nothing of size
+``rows x NV`` is materialised: memory traffic is the verticals read per row plus the output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton.config import on_interpreter
+from .._triton.launch import launch
+
+
+@triton.jit
+def _vertical_slash_columns_kernel(
+    v_ptr,
+    cov_t_ptr,
+    cov_last_ptr,
+    count_ptr,
+    cols_ptr,
+    NV,
+    NQB,
+    NKB,
+    T,
+    S,
+    A,
+    P,
+    C,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    WRITE: tl.constexpr,
+):
+    # A program takes BLOCK_R query blocks of one (batch, head) row n: they share its verticals,
+    # read BLOCK_V at a time.
+    n = tl.program_id(1).to(tl.int64)
+    m = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = m < NQB
+    last_row = tl.where(row_ok, tl.minimum((m + 1) * BLOCK_M, S) - 1, -1)
+    # Rows m < NQB - 1 read the slash-class table: tile (m, kb) is class m*A + (NKB-1-kb)*P.
+    # The last (possibly short) query block reads its own exact table, one entry per key block.
+    # A limit of -1 reads nothing (every vertical is >= 0).
+    is_last = m == NQB - 1
+    mid_lim = tl.where(is_last, -1, last_row)
+    last_lim = tl.max(tl.where(is_last, last_row, -1), 0)
+    top = tl.max(last_row, 0)
+    cls0 = n * T + m * A + (NKB - 1) * P
+    row_off = (n * NQB + m) * C
+    offs = tl.arange(0, BLOCK_V)
+    total = tl.zeros([BLOCK_R], tl.int32)
+    t0 = tl.full([], 0, tl.int32)
+    go = t0 < NV
+    while go:
+        t = t0 + offs
+        # Lanes past NV read S, which no row keeps (S > every last row).
+        vv = tl.load(v_ptr + n * NV + t, mask=t < NV, other=S)
+        kb = vv // BLOCK_N
+        live = vv[None, :] <= last_row[:, None]
+        mid = tl.load(
+            cov_t_ptr + cls0[:, None] - (kb * P)[None, :],
+            mask=vv[None, :] <= mid_lim[:, None],
+            other=0,
+        )
+        lst = tl.load(cov_last_ptr + n * NKB + kb, mask=vv <= last_lim, other=0)
+        covered = tl.where(is_last[:, None], lst[None, :], mid)
+        keep = live & (covered == 0)
+        k32 = keep.to(tl.int32)
+        if WRITE:
+            rank = total[:, None] + tl.cumsum(k32, 1) - 1
+            val = tl.broadcast_to(vv.to(tl.int32)[None, :], (BLOCK_R, BLOCK_V))
+            tl.store(cols_ptr + row_off[:, None] + rank, val, mask=keep)
+        total += tl.sum(k32, 1)
+        t0 += BLOCK_V
+        # Verticals ascend: once one passes the tile's last query, no later one is kept.
+        go = (t0 < NV) & (tl.max(vv, 0) <= top)
+    if WRITE:
+        pad = tl.zeros([BLOCK_R, BLOCK_V], tl.int32) + S
+        pad_ok = row_ok[:, None]
+        for c0 in range(tl.min(tl.where(row_ok, total, C), 0), C, BLOCK_V):
+            c = c0 + offs[None, :]
+            mask = pad_ok & (c >= total[:, None]) & (c < C)
+            tl.store(cols_ptr + row_off[:, None] + c, pad, mask=mask)
+    else:
+        tl.store(count_ptr + n * NQB + m, total, mask=row_ok)
+
+
+def _launch(
+    v: torch.Tensor,
+    cov_t: torch.Tensor,
+    cov_last: torch.Tensor,
+    count: torch.Tensor,
+    cols: torch.Tensor,
+    *,
+    seq_len: int,
+    block_m: int,
+    block_n: int,
+    write: bool,
+) -> None:
+    N, NV = v.shape
+    nqb = -(-seq_len // block_m)
+    g = math.gcd(block_m, block_n)
+    block_r = 4
+    launch(
+        _vertical_slash_columns_kernel, (triton.cdiv(nqb, block_r), N),
+        (v, cov_t.view(torch.uint8), cov_last.view(torch.uint8), count, cols),
+        (NV, nqb, cov_last.shape[1], cov_t.shape[1], seq_len, block_m // g, block_n // g,
+         cols.shape[-1]),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r,
+        BLOCK_V=32 if on_interpreter() else 256, WRITE=write, num_warps=4,
+    )  # fmt: skip
+
+
+def _launch_column_count(
+    v: torch.Tensor,
+    cov_t: torch.Tensor,
+    cov_last: torch.Tensor,
+    *,
+    seq_len: int,
+    block_m: int,
+    block_n: int,
+) -> torch.Tensor:
+    """``column_count [N, NQB]`` int32. ``v``: ``[N, NV]`` int32/int64 verticals, rows strictly
+    ascending in ``[0, S)``, ``NV >= 1``; ``cov_t``: ``[N, T]`` bool, slash class ``u`` crosses
+    its tiles (``u = m * (block_m / g) + (NKB - 1 - kb) * (block_n / g)``, ``g = gcd``), read
+    for every query block but the last; ``cov_last``: ``[N, NKB]`` bool, the last query block's
+    tiles. All contiguous, on one device."""
+    N = v.shape[0]
+    nqb = -(-seq_len // block_m)
+    count = torch.empty(N, nqb, dtype=torch.int32, device=v.device)
+    if count.numel():
+        _launch(
+            v, cov_t, cov_last, count, count,
+            seq_len=seq_len, block_m=block_m, block_n=block_n, write=False,
+        )  # fmt: skip
+    return count
+
+
+def _launch_columns(
+    v: torch.Tensor,
+    cov_t: torch.Tensor,
+    cov_last: torch.Tensor,
+    *,
+    width: int,
+    seq_len: int,
+    block_m: int,
+    block_n: int,
+) -> torch.Tensor:
+    """``columns [N, NQB, width]`` int32: each row's kept verticals (see
+    :func:`_launch_column_count`, same inputs) ascending, then ``seq_len`` as padding.
+    ``width`` must be at least every row's count."""
+    N = v.shape[0]
+    nqb = -(-seq_len // block_m)
+    cols = torch.empty(N, nqb, width, dtype=torch.int32, device=v.device)
+    if cols.numel():
+        _launch(
+            v, cov_t, cov_last, cols, cols,
+            seq_len=seq_len, block_m=block_m, block_n=block_n, write=True,
+        )  # fmt: skip
+    return cols

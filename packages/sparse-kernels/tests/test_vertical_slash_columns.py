@@ -1,0 +1,118 @@
+"""The vertical-slash index's leftover columns (``column_count``, ``columns``), exactly.
+
+The oracle below derives the slash-covered tiles from the element-wise mask of
+``vertical_slash_mask`` (every diagonal walked element by element, then pooled per tile) and
+keeps, per query block, the verticals up to the block's last row outside those tiles: it shares
+no code with the index build.
+"""
+
+import pytest
+import torch
+from sparse_kernels import build_vertical_slash_index
+from sparse_kernels.testing import default_device
+from sparse_kernels.vertical_slash import index as index_module
+from sparse_kernels.vertical_slash import vertical_slash_mask
+
+DEV = default_device()
+
+
+def make_indices(B, H, S, NV, slashes, *, seed, ends=False):
+    """Sorted distinct verticals (``ends``: 0 and S - 1 among them) and slashes: ``"none"``,
+    ``"ends"`` (offsets 0 and S - 1 among random ones) or ``"random"``."""
+    g = torch.Generator().manual_seed(seed)
+    edge = torch.tensor(sorted({0, S - 1}))
+    inner = torch.arange(1, max(S - 1, 1))
+
+    def pick(n, with_ends):
+        if not with_ends:
+            return torch.randperm(S, generator=g)[:n].sort().values
+        rest = inner[torch.randperm(inner.numel(), generator=g)][: n - edge.numel()]
+        return torch.cat([edge, rest]).sort().values
+
+    n_slash = 0 if slashes == "none" else max(2, S // 50)
+    vs = [pick(NV, ends) for _ in range(B * H)]
+    ss = [pick(n_slash, slashes == "ends") for _ in range(B * H)]
+    v = torch.stack(vs).reshape(B, H, -1).to(torch.int32)
+    s = torch.stack(ss).reshape(B, H, -1).to(torch.int32)
+    return v, s
+
+
+def columns_reference(v, s, S, BM, BN):
+    """``(column_count [B, H, NQB], columns [B, H, NQB, C])`` int32: kept verticals ascending,
+    ``C = max(1, max count)``, padded with ``S``; no verticals: zeros of width 1."""
+    B, H, NV = v.shape
+    nqb, nkb = -(-S // BM), -(-S // BN)
+    slash_only = vertical_slash_mask(v[..., :0], s, S, block_m=BM, block_n=BN)
+    pad = torch.zeros(B, H, nqb * BM, nkb * BN, dtype=torch.bool)
+    pad[..., :S, :S] = slash_only
+    tiles = pad.reshape(B, H, nqb, BM, nkb, BN).any(5).any(3)  # [B, H, NQB, NKB]
+    kept = {}
+    for b in range(B):
+        for h in range(H):
+            vv = v[b, h].long()
+            for m in range(nqb):
+                last = min((m + 1) * BM, S) - 1
+                kept[b, h, m] = vv[(vv <= last) & ~tiles[b, h, m, vv // BN]]
+    count = torch.zeros(B, H, nqb, dtype=torch.int32)
+    for (b, h, m), c in kept.items():
+        count[b, h, m] = c.numel()
+    if NV == 0:
+        return count, torch.zeros(B, H, nqb, 1, dtype=torch.int32)
+    cols = torch.full((B, H, nqb, max(1, int(count.max()))), S, dtype=torch.int32)
+    for (b, h, m), c in kept.items():
+        cols[b, h, m, : c.numel()] = c.to(torch.int32)
+    return count, cols
+
+
+CASES = [
+    pytest.param(1, 64, 64, 1, "ends", False, id="S1-b64-nv1"),
+    pytest.param(300, 64, 64, 0, "random", False, id="S300-b64-nv0"),
+    pytest.param(300, 64, 128, 1, "random", False, id="S300-b64x128-nv1"),
+    pytest.param(257, 128, 64, 2, "ends", True, id="S257-b128x64-nv2-ends"),
+    pytest.param(777, 128, 64, 120, "ends", True, id="S777-b128x64-nv120-ends"),
+    pytest.param(1000, 128, 128, 200, "none", True, id="S1000-b128-nv200-noslash"),
+    pytest.param(1000, 64, 128, 300, "random", False, id="S1000-b64x128-nv300"),
+    pytest.param(513, 64, 64, 70, "ends", True, id="S513-b64-nv70-ends"),
+    pytest.param(256, 64, 64, 256, "ends", False, id="S256-b64-every-column"),
+    pytest.param(2049, 128, 128, 300, "random", True, id="S2049-b128-nv300"),
+]
+
+
+def _check(S, BM, BN, NV, slashes, ends, device):
+    v, s = make_indices(2, 3, S, NV, slashes, seed=S + NV + BM + 3 * BN, ends=ends)
+    want_count, want_cols = columns_reference(v, s, S, BM, BN)
+    idx = build_vertical_slash_index(v.to(device), s.to(device), seq_len=S, block_m=BM, block_n=BN)
+    assert idx.column_count.device.type == torch.device(device).type
+    assert torch.equal(idx.column_count.cpu(), want_count)
+    assert torch.equal(idx.columns.cpu(), want_cols)
+
+
+@pytest.mark.parametrize("S,BM,BN,NV,slashes,ends", CASES)
+def test_columns_match_reference(S, BM, BN, NV, slashes, ends):
+    # On CPU under TRITON_INTERPRET=1 and on CUDA: the Triton kernel.
+    _check(S, BM, BN, NV, slashes, ends, DEV)
+
+
+@pytest.mark.parametrize("S,BM,BN,NV,slashes,ends", CASES)
+def test_torch_columns_match_reference(S, BM, BN, NV, slashes, ends, monkeypatch):
+    # CPU tensors without the interpreter take the torch ops.
+    monkeypatch.setattr(index_module, "interpreter_enabled", lambda: False)
+    _check(S, BM, BN, NV, slashes, ends, "cpu")
+
+
+def test_int64_indices_give_the_same_columns():
+    v, s = make_indices(2, 3, 700, 90, "ends", seed=11, ends=True)
+    a = build_vertical_slash_index(v.to(DEV), s.to(DEV), seq_len=700, block_m=128, block_n=64)
+    b = build_vertical_slash_index(
+        v.long().to(DEV), s.long().to(DEV), seq_len=700, block_m=128, block_n=64
+    )
+    want_count, want_cols = columns_reference(v, s, 700, 128, 64)
+    for idx in (a, b):
+        assert torch.equal(idx.column_count.cpu(), want_count)
+        assert torch.equal(idx.columns.cpu(), want_cols)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("BM,BN", [(64, 64), (64, 128), (128, 64), (128, 128)], ids=str)
+def test_gpu_columns_match_reference(BM, BN):
+    _check(4096 + 17, BM, BN, 500, "ends", True, "cuda")

@@ -18,6 +18,11 @@ import triton.language as tl
 from .._triton.config import on_interpreter
 from .._triton.launch import launch
 
+# Query blocks per program (they share each step's verticals) and verticals per step. Not tuned:
+# the write pass is bound by writing the padded [N, NQB, C] columns.
+BLOCK_R = 4
+BLOCK_V = 256
+
 
 @triton.jit
 def _vertical_slash_columns_kernel(
@@ -31,11 +36,11 @@ def _vertical_slash_columns_kernel(
     NKB,
     T,
     S,
+    BM,
+    BN,
     A,
     P,
     C,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
     WRITE: tl.constexpr,
@@ -45,7 +50,7 @@ def _vertical_slash_columns_kernel(
     n = tl.program_id(1).to(tl.int64)
     m = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = m < NQB
-    last_row = tl.where(row_ok, tl.minimum((m + 1) * BLOCK_M, S) - 1, -1)
+    last_row = tl.where(row_ok, tl.minimum((m + 1) * BM, S) - 1, -1)
     # Rows m < NQB - 1 read the slash-class table: tile (m, kb) is class m*A + (NKB-1-kb)*P.
     # The last (possibly short) query block reads its own exact table, one entry per key block.
     # A limit of -1 reads nothing (every vertical is >= 0).
@@ -63,7 +68,7 @@ def _vertical_slash_columns_kernel(
         t = t0 + offs
         # Lanes past NV read S, which no row keeps (S > every last row).
         vv = tl.load(v_ptr + n * NV + t, mask=t < NV, other=S)
-        kb = vv // BLOCK_N
+        kb = vv // BN
         live = vv[None, :] <= last_row[:, None]
         mid = tl.load(
             cov_t_ptr + cls0[:, None] - (kb * P)[None, :],
@@ -108,14 +113,15 @@ def _launch(
     N, NV = v.shape
     nqb = -(-seq_len // block_m)
     g = math.gcd(block_m, block_n)
-    block_r = 4
+    # The interpreter's cost is per operation, so fewer, wider steps; a small BLOCK_V there
+    # still walks several steps per row in the tests.
+    block_v = 32 if on_interpreter() else BLOCK_V
     launch(
-        _vertical_slash_columns_kernel, (triton.cdiv(nqb, block_r), N),
+        _vertical_slash_columns_kernel, (triton.cdiv(nqb, BLOCK_R), N),
         (v, cov_t.view(torch.uint8), cov_last.view(torch.uint8), count, cols),
-        (NV, nqb, cov_last.shape[1], cov_t.shape[1], seq_len, block_m // g, block_n // g,
-         cols.shape[-1]),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r,
-        BLOCK_V=32 if on_interpreter() else 256, WRITE=write, num_warps=4,
+        (NV, nqb, cov_last.shape[1], cov_t.shape[1], seq_len, block_m, block_n, block_m // g,
+         block_n // g, cols.shape[-1]),
+        BLOCK_R=BLOCK_R, BLOCK_V=block_v, WRITE=write, num_warps=4,
     )  # fmt: skip
 
 

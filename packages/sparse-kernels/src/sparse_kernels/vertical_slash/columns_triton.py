@@ -9,8 +9,6 @@ vertical at its rank (a cumulative sum along the row) and pads the row. Nothing 
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -27,8 +25,7 @@ BLOCK_V = 256
 @triton.jit
 def _vertical_slash_columns_kernel(
     v_ptr,
-    cov_t_ptr,
-    cov_last_ptr,
+    cover_ptr,
     count_ptr,
     cols_ptr,
     NV,
@@ -51,14 +48,16 @@ def _vertical_slash_columns_kernel(
     m = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = m < NQB
     last_row = tl.where(row_ok, tl.minimum((m + 1) * BM, S) - 1, -1)
-    # Rows m < NQB - 1 read the slash-class table: tile (m, kb) is class m*A + (NKB-1-kb)*P.
-    # The last (possibly short) query block reads its own exact table, one entry per key block.
+    # The cover table's row n (index_triton.SlashTiles): rows m < NQB - 1 read the slash
+    # classes, tile (m, kb) is class m*A + (NKB-1-kb)*P; the last (possibly short) query block
+    # reads its own entries after the T classes, one per key block.
     # A limit of -1 reads nothing (every vertical is >= 0).
     is_last = m == NQB - 1
     mid_lim = tl.where(is_last, -1, last_row)
     last_lim = tl.max(tl.where(is_last, last_row, -1), 0)
     top = tl.max(last_row, 0)
-    cls0 = n * T + m * A + (NKB - 1) * P
+    cover_row = cover_ptr + n * (T + NKB)
+    cls0 = m * A + (NKB - 1) * P
     row_off = (n * NQB + m) * C
     offs = tl.arange(0, BLOCK_V)
     total = tl.zeros([BLOCK_R], tl.int32)
@@ -71,11 +70,11 @@ def _vertical_slash_columns_kernel(
         kb = vv // BN
         live = vv[None, :] <= last_row[:, None]
         mid = tl.load(
-            cov_t_ptr + cls0[:, None] - (kb * P)[None, :],
+            cover_row + cls0[:, None] - (kb * P)[None, :],
             mask=vv[None, :] <= mid_lim[:, None],
             other=0,
         )
-        lst = tl.load(cov_last_ptr + n * NKB + kb, mask=vv <= last_lim, other=0)
+        lst = tl.load(cover_row + T + kb, mask=vv <= last_lim, other=0)
         covered = tl.where(is_last[:, None], lst[None, :], mid)
         keep = live & (covered == 0)
         k32 = keep.to(tl.int32)
@@ -98,77 +97,35 @@ def _vertical_slash_columns_kernel(
         tl.store(count_ptr + n * NQB + m, total, mask=row_ok)
 
 
-def _launch(
-    v: torch.Tensor,
-    cov_t: torch.Tensor,
-    cov_last: torch.Tensor,
-    count: torch.Tensor,
-    cols: torch.Tensor,
-    *,
-    seq_len: int,
-    block_m: int,
-    block_n: int,
-    write: bool,
-) -> None:
+def _launch(v: torch.Tensor, tiles, count: torch.Tensor, cols: torch.Tensor, write: bool) -> None:
     N, NV = v.shape
-    nqb = -(-seq_len // block_m)
-    g = math.gcd(block_m, block_n)
     # The interpreter's cost is per operation, so fewer, wider steps; a small BLOCK_V there
     # still walks several steps per row in the tests.
     block_v = 32 if on_interpreter() else BLOCK_V
     launch(
-        _vertical_slash_columns_kernel, (triton.cdiv(nqb, BLOCK_R), N),
-        (v, cov_t.view(torch.uint8), cov_last.view(torch.uint8), count, cols),
-        (NV, nqb, cov_last.shape[1], cov_t.shape[1], seq_len, block_m, block_n, block_m // g,
-         block_n // g, cols.shape[-1]),
+        _vertical_slash_columns_kernel, (triton.cdiv(tiles.nqb, BLOCK_R), N),
+        (v, tiles.cover.view(torch.uint8), count, cols),
+        (NV, tiles.nqb, tiles.nkb, tiles.T, tiles.seq_len, tiles.block_m, tiles.block_n,
+         tiles.a, tiles.p, cols.shape[-1]),
         BLOCK_R=BLOCK_R, BLOCK_V=block_v, WRITE=write, num_warps=4,
     )  # fmt: skip
 
 
-def _launch_column_count(
-    v: torch.Tensor,
-    cov_t: torch.Tensor,
-    cov_last: torch.Tensor,
-    *,
-    seq_len: int,
-    block_m: int,
-    block_n: int,
-) -> torch.Tensor:
+def _launch_column_count(v: torch.Tensor, tiles) -> torch.Tensor:
     """``column_count [N, NQB]`` int32. ``v``: ``[N, NV]`` int32/int64 verticals, rows strictly
-    ascending in ``[0, S)``, ``NV >= 1``; ``cov_t``: ``[N, T]`` bool, slash class ``u`` crosses
-    its tiles (``u = m * (block_m / g) + (NKB - 1 - kb) * (block_n / g)``, ``g = gcd``), read
-    for every query block but the last; ``cov_last``: ``[N, NKB]`` bool, the last query block's
-    tiles. All contiguous, on one device."""
-    N = v.shape[0]
-    nqb = -(-seq_len // block_m)
-    count = torch.empty(N, nqb, dtype=torch.int32, device=v.device)
+    ascending in ``[0, S)``, ``NV >= 1``, contiguous; ``tiles``: the heads'
+    :class:`~.index_triton.SlashTiles`, on ``v``'s device."""
+    count = torch.empty(v.shape[0], tiles.nqb, dtype=torch.int32, device=v.device)
     if count.numel():
-        _launch(
-            v, cov_t, cov_last, count, count,
-            seq_len=seq_len, block_m=block_m, block_n=block_n, write=False,
-        )  # fmt: skip
+        _launch(v, tiles, count, count, write=False)
     return count
 
 
-def _launch_columns(
-    v: torch.Tensor,
-    cov_t: torch.Tensor,
-    cov_last: torch.Tensor,
-    *,
-    width: int,
-    seq_len: int,
-    block_m: int,
-    block_n: int,
-) -> torch.Tensor:
+def _launch_columns(v: torch.Tensor, tiles, width: int) -> torch.Tensor:
     """``columns [N, NQB, width]`` int32: each row's kept verticals (see
     :func:`_launch_column_count`, same inputs) ascending, then ``seq_len`` as padding.
     ``width`` must be at least every row's count."""
-    N = v.shape[0]
-    nqb = -(-seq_len // block_m)
-    cols = torch.empty(N, nqb, width, dtype=torch.int32, device=v.device)
+    cols = torch.empty(v.shape[0], tiles.nqb, width, dtype=torch.int32, device=v.device)
     if cols.numel():
-        _launch(
-            v, cov_t, cov_last, cols, cols,
-            seq_len=seq_len, block_m=block_m, block_n=block_n, write=True,
-        )  # fmt: skip
+        _launch(v, tiles, cols, cols, write=True)
     return cols

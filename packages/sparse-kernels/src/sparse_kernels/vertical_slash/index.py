@@ -1,7 +1,9 @@
 """Vertical-slash index build: indices -> per-query-block key-block ranges + leftover columns.
 
-Runs on the indices' device with torch ops, every (batch, head) at once (no per-head loop); the
-leftover columns by a Triton kernel (``columns_triton``) on CUDA and on CPU under the interpreter.
+Every (batch, head) at once, on the indices' device: by Triton kernels (``index_triton`` for the
+slash tiles and ranges, ``columns_triton`` for the leftover columns) wherever Triton runs (CUDA,
+and CPU under the interpreter); by torch ops elsewhere (CPU without the interpreter), which build
+the same index with ``[B*H, NQB, NV]`` intermediates.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from .._validate import check_bool, interpreter_enabled
 from .columns_triton import _launch_column_count, _launch_columns
+from .index_triton import SlashTiles
 
 _OP = "build_vertical_slash_index"
 SUPPORTED_BLOCKS = (64, 128)
@@ -215,11 +218,57 @@ def build_vertical_slash_index(
         )
     _check_indices(vertical_indices, "vertical_indices", B, H, seq_len, check_contents)
     _check_indices(slash_indices, "slash_indices", B, H, seq_len, check_contents)
-    S, BM, BN = seq_len, block_m, block_n
     dev = vertical_indices.device
-    N = B * H
+    on_triton = dev.type == "cuda" or (dev.type == "cpu" and interpreter_enabled())
+    build = _build_triton if on_triton else _build_torch
+    range_count, range_start, range_end, column_count, columns = build(
+        vertical_indices.reshape(B * H, -1), slash_indices.reshape(B * H, -1), seq_len, block_m,
+        block_n,
+    )  # fmt: skip
+    nqb = range_count.shape[-1]
+    return VerticalSlashIndex(
+        seq_len=seq_len,
+        block_m=block_m,
+        block_n=block_n,
+        range_count=range_count.reshape(B, H, nqb),
+        range_start=range_start.reshape(B, H, nqb, -1).contiguous(),
+        range_end=range_end.reshape(B, H, nqb, -1).contiguous(),
+        column_count=column_count.reshape(B, H, nqb),
+        columns=columns.reshape(B, H, nqb, -1).contiguous(),
+    )
+
+
+def _sizes(range_count: torch.Tensor, column_count: torch.Tensor, nkb: int) -> tuple[int, int]:
+    """The widths ``(R, C)`` of the padded range and column tensors (one host read)."""
+    R, C = (max(int(x), 1) for x in torch.stack([range_count.max(), column_count.max()]).tolist())
+    return min(R, nkb), C
+
+
+def _build_triton(v: torch.Tensor, sl: torch.Tensor, S: int, BM: int, BN: int) -> tuple:
+    """``(range_count, range_start, range_end, column_count, columns)`` of ``N`` heads
+    (``v``: ``[N, NV]``, ``sl``: ``[N, NS]``) by the Triton kernels."""
+    tiles = SlashTiles(sl.contiguous(), S, BM, BN)
+    range_count = tiles.range_count()
+    v = v.contiguous()
+    if v.shape[1] > 0:
+        column_count = _launch_column_count(v, tiles)
+    else:
+        column_count = torch.zeros_like(range_count)
+    R, C = _sizes(range_count, column_count, tiles.nkb)
+    range_start, range_end = tiles.ranges(R)
+    if v.shape[1] > 0:
+        columns = _launch_columns(v, tiles, C)
+    else:
+        columns = torch.zeros(*range_count.shape, 1, dtype=torch.int32, device=v.device)
+    return range_count, range_start, range_end, column_count, columns
+
+
+def _build_torch(v: torch.Tensor, sl: torch.Tensor, S: int, BM: int, BN: int) -> tuple:
+    """:func:`_build_triton` by torch ops (devices where Triton does not run)."""
+    dev = v.device
+    N = v.shape[0]
     nqb, nkb = -(-S // BM), -(-S // BN)
-    sl = slash_indices.reshape(N, -1).to(torch.int64).contiguous()
+    sl = sl.to(torch.int64).contiguous()
 
     def any_slash(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """``[N, L]``: some slash offset lies in ``[lo, hi]`` (``lo``/``hi`` ``[L]``)."""
@@ -283,16 +332,8 @@ def build_vertical_slash_index(
     en_last = cov_last & ~torch.nn.functional.pad(cov_last[:, 1:], (0, 1))
     range_count[:, -1] = st_last.sum(-1, dtype=torch.int32)
 
-    v = vertical_indices.reshape(N, -1)
     NV = v.shape[1]
-    # The Triton kernel wherever Triton runs; torch ops elsewhere (CPU without the interpreter,
-    # other devices), which materialise [N, NQB, NV] tensors.
-    on_triton = dev.type == "cuda" or (dev.type == "cpu" and interpreter_enabled())
-    if NV > 0 and on_triton:
-        v = v.contiguous()
-        geom = dict(seq_len=S, block_m=BM, block_n=BN)
-        column_count = _launch_column_count(v, cov_t, cov_last, **geom)
-    elif NV > 0:
+    if NV > 0:
         v = v.to(torch.int64)
         # Tile of (row m, vertical v): class index c_m + (nkb - 1 - v // BN) of residue r_m.
         kv = (nkb - 1 - v // BN)[:, None, :]  # [N, 1, NV]
@@ -312,9 +353,7 @@ def build_vertical_slash_index(
     else:
         column_count = torch.zeros(N, nqb, dtype=torch.int32, device=dev)
 
-    sizes = torch.stack([range_count.max(), column_count.max()]).tolist()
-    R, C = (max(int(x), 1) for x in sizes)
-    R = min(R, nkb)
+    R, C = _sizes(range_count, column_count, nkb)
     # Range i of row m (ascending n) is run (runs_hi - 1 - i), clipped to the window.
     i = torch.arange(R, device=dev)
     ok = i < range_count[..., None]  # [N, NQB, R]
@@ -326,19 +365,8 @@ def build_vertical_slash_index(
     kb = torch.arange(nkb, device=dev)
     range_start[:, -1] = _compact(st_last[:, None], R, nkb, kb)[:, 0]
     range_end[:, -1] = _compact(en_last[:, None], R, nkb + 1, kb + 1)[:, 0]
-    if NV > 0 and on_triton:
-        columns = _launch_columns(v, cov_t, cov_last, width=C, **geom)
-    elif NV > 0:
+    if NV > 0:
         columns = _compact(keep, C, S, v[:, None, :])
     else:
         columns = torch.zeros(N, nqb, 1, dtype=torch.int32, device=dev)
-    return VerticalSlashIndex(
-        seq_len=S,
-        block_m=BM,
-        block_n=BN,
-        range_count=range_count.reshape(B, H, nqb),
-        range_start=range_start.reshape(B, H, nqb, -1).contiguous(),
-        range_end=range_end.reshape(B, H, nqb, -1).contiguous(),
-        column_count=column_count.reshape(B, H, nqb),
-        columns=columns.reshape(B, H, nqb, -1).contiguous(),
-    )
+    return range_count, range_start, range_end, column_count, columns

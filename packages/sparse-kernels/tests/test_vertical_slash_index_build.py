@@ -1,4 +1,5 @@
-"""The vertical-slash index's leftover columns (``column_count``, ``columns``), exactly.
+"""The vertical-slash index build, exactly: its leftover columns (``column_count``, ``columns``)
+against an oracle, and the Triton build against the torch build, every tensor, padding included.
 
 The oracle below derives the slash-covered tiles from the element-wise mask of
 ``vertical_slash_mask`` (every diagonal walked element by element, then pooled per tile) and
@@ -18,7 +19,8 @@ DEV = default_device()
 
 def make_indices(B, H, S, NV, slashes, *, seed, ends=False):
     """Sorted distinct verticals (``ends``: 0 and S - 1 among them) and slashes: ``"none"``,
-    ``"ends"`` (offsets 0 and S - 1 among random ones) or ``"random"``."""
+    ``"ends"`` (offsets 0 and S - 1 among random ones), ``"random"``, ``"local"`` (offsets
+    ``0 .. S // 8``) or ``"runs"`` (a few runs of consecutive offsets: many ranges per row)."""
     g = torch.Generator().manual_seed(seed)
     edge = torch.tensor(sorted({0, S - 1}))
     inner = torch.arange(1, max(S - 1, 1))
@@ -31,7 +33,14 @@ def make_indices(B, H, S, NV, slashes, *, seed, ends=False):
 
     n_slash = 0 if slashes == "none" else max(2, S // 50)
     vs = [pick(NV, ends) for _ in range(B * H)]
-    ss = [pick(n_slash, slashes == "ends") for _ in range(B * H)]
+    if slashes == "local":
+        ss = [torch.arange(max(S // 8, 1)) for _ in range(B * H)]
+    elif slashes == "runs":
+        starts = [torch.randperm(S, generator=g)[:6] for _ in range(B * H)]
+        ss = [torch.cat([torch.arange(a, min(a + 40, S)) for a in st]).unique() for st in starts]
+        ss = [x[: min(len(x) for x in ss)] for x in ss]
+    else:
+        ss = [pick(n_slash, slashes == "ends") for _ in range(B * H)]
     v = torch.stack(vs).reshape(B, H, -1).to(torch.int32)
     s = torch.stack(ss).reshape(B, H, -1).to(torch.int32)
     return v, s
@@ -116,3 +125,35 @@ def test_int64_indices_give_the_same_columns():
 @pytest.mark.parametrize("BM,BN", [(64, 64), (64, 128), (128, 64), (128, 128)], ids=str)
 def test_gpu_columns_match_reference(BM, BN):
     _check(4096 + 17, BM, BN, 500, "ends", True, "cuda")
+
+
+BUILD_CASES = [
+    *CASES,
+    pytest.param(1000, 64, 64, 100, "local", True, id="S1000-b64-local"),
+    pytest.param(1500, 64, 128, 100, "runs", False, id="S1500-b64x128-runs"),
+    pytest.param(1500, 128, 64, 100, "runs", True, id="S1500-b128x64-runs"),
+    pytest.param(2100, 128, 128, 50, "runs", False, id="S2100-b128-runs"),
+    pytest.param(2100, 128, 128, 50, "local", False, id="S2100-b128-local"),
+]
+
+
+def _both_builds(S, BM, BN, NV, slashes, ends, device):
+    v, s = make_indices(2, 3, S, NV, slashes, seed=S + NV + BM + 3 * BN, ends=ends)
+    v, s = v.reshape(6, -1), s.reshape(6, -1)
+    got = index_module._build_triton(v.to(device), s.to(device), S, BM, BN)
+    want = index_module._build_torch(v, s, S, BM, BN)
+    names = ("range_count", "range_start", "range_end", "column_count", "columns")
+    for name, a, b in zip(names, got, want, strict=True):
+        assert torch.equal(a.cpu(), b), name
+
+
+@pytest.mark.parametrize("S,BM,BN,NV,slashes,ends", BUILD_CASES)
+def test_triton_build_equals_torch_build(S, BM, BN, NV, slashes, ends):
+    _both_builds(S, BM, BN, NV, slashes, ends, DEV)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("BM,BN", [(64, 64), (64, 128), (128, 64), (128, 128)], ids=str)
+@pytest.mark.parametrize("slashes", ["local", "runs", "random"])
+def test_gpu_triton_build_equals_torch_build(BM, BN, slashes):
+    _both_builds(16384 + 33, BM, BN, 600, slashes, True, "cuda")

@@ -9,6 +9,7 @@ from sparse_kernels.integrations.hf import (  # noqa: E402
     attention_modules,
     swap_attention,
 )
+from sparse_kernels.testing import default_device  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
 
@@ -202,8 +203,10 @@ def test_attention_modules_are_the_decoder_self_attention():
 def test_dense_attention_matches_sdpa_logits(impl):
     from sparse_kernels.integrations.hf import dense_attention
 
-    model = _llama(seed=3).float()
-    ids = _ids(S=37)
+    # the Triton kernel needs CUDA tensors, or CPU ones under the interpreter
+    dev = default_device() if impl == "triton" else "cpu"
+    model = _llama(seed=3).float().to(dev)
+    ids = _ids(S=37).to(dev)
     ref = _logits(model, ids)
     with swap_attention(model, dense_attention(impl=impl), name=f"test_dense_{impl}"):
         got = _logits(model, ids)

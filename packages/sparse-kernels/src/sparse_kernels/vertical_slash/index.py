@@ -14,8 +14,6 @@ from dataclasses import dataclass
 import torch
 
 from .._validate import check_bool, interpreter_enabled
-from .columns_triton import _launch_column_count, _launch_columns
-from .index_triton import SlashTiles
 
 _OP = "build_vertical_slash_index"
 SUPPORTED_BLOCKS = (64, 128)
@@ -247,6 +245,10 @@ def _sizes(range_count: torch.Tensor, column_count: torch.Tensor, nkb: int) -> t
 def _build_triton(v: torch.Tensor, sl: torch.Tensor, S: int, BM: int, BN: int) -> tuple:
     """``(range_count, range_start, range_end, column_count, columns)`` of ``N`` heads
     (``v``: ``[N, NV]``, ``sl``: ``[N, NS]``) by the Triton kernels."""
+    # imported here: `import sparse_kernels` does not import Triton
+    from .columns_triton import _launch_column_count, _launch_columns
+    from .index_triton import SlashTiles
+
     tiles = SlashTiles(sl.contiguous(), S, BM, BN)
     range_count = tiles.range_count()
     v = v.contiguous()

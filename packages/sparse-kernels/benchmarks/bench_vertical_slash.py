@@ -58,11 +58,11 @@ from sparse_kernels.benchmarking import (
     bench_seqs,
     causal_block_pairs,
     causal_pairs,
-    clustered_vertical_slash_indices,
     cuda_time_ms,
     cudnn_causal,
     record,
     run_length_benchmark,
+    vertical_slash_suite_indices,
 )
 
 pytestmark = pytest.mark.gpu
@@ -92,19 +92,14 @@ def _anchor(S):
 
 
 @functools.cache
+def _suite(S):
+    return vertical_slash_suite_indices(B, H, S, NV, NS, local=LOCAL, run=RUN, device="cuda")
+
+
 def _indices(S, kind):
     """(verticals, slashes), int32 ``[B, H, NV]`` / ``[B, H, NS]``, sorted, on the GPU."""
-    vert, clustered = clustered_vertical_slash_indices(
-        B, H, S, NV, NS, local=LOCAL, run=RUN, seed=1, device="cuda"
-    )
-    if kind == "clustered":
-        return vert, clustered
-    if kind == "local":
-        return vert, torch.arange(NS, device="cuda", dtype=torch.int32).repeat(B, H, 1)
-    g = torch.Generator().manual_seed(2)
-    far = [torch.randperm(S - LOCAL, generator=g)[: NS - LOCAL].sort().values for _ in range(B * H)]
-    rows = [torch.cat([torch.arange(LOCAL), LOCAL + r]) for r in far]
-    return vert, torch.stack(rows).to("cuda", torch.int32).reshape(B, H, NS)
+    vert, slashes = _suite(S)
+    return vert, slashes[kind]
 
 
 def _attended_pairs(idx) -> int:

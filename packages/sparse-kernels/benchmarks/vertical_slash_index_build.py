@@ -17,7 +17,7 @@ import json
 
 import torch
 import triton
-from sparse_kernels.benchmarking import clustered_vertical_slash_indices, cuda_time_ms
+from sparse_kernels.benchmarking import cuda_time_ms, vertical_slash_suite_indices
 from sparse_kernels.vertical_slash import index as ix
 
 B, H, NV, NS, LOCAL = 1, 28, 1000, 6096, 64
@@ -26,15 +26,7 @@ CASES = ((131072, (128, 64)), (1048576, (64, 128)))
 
 def slashes(S: int):
     """``(verticals, {kind: slashes})`` as ``bench_vertical_slash.py`` builds them."""
-    vert, clustered = clustered_vertical_slash_indices(
-        B, H, S, NV, NS, local=LOCAL, run=64, seed=1, device="cuda"
-    )
-    g = torch.Generator().manual_seed(2)
-    far = [torch.randperm(S - LOCAL, generator=g)[: NS - LOCAL].sort().values for _ in range(B * H)]
-    rnd = torch.stack([torch.cat([torch.arange(LOCAL), LOCAL + r]) for r in far])
-    local = torch.arange(NS, device="cuda", dtype=torch.int32).repeat(B, H, 1)
-    kinds = {"local": local, "random": rnd.to("cuda", torch.int32).reshape(B, H, NS)}
-    return vert, {**kinds, "clustered": clustered}
+    return vertical_slash_suite_indices(B, H, S, NV, NS, local=LOCAL, device="cuda")
 
 
 def compare(vert, sl, S: int, blk: int) -> dict:

@@ -19,7 +19,7 @@ import json
 import torch
 from sparse_kernels import build_vertical_slash_index, vertical_slash_attention
 from sparse_kernels.benchmark_providers import qwen_inputs
-from sparse_kernels.benchmarking import clustered_vertical_slash_indices, cuda_time_ms
+from sparse_kernels.benchmarking import cuda_time_ms, vertical_slash_suite_indices
 from sparse_kernels.fa4.engine import block_sparse
 from sparse_kernels.tuning import LaunchConfig
 from sparse_kernels.vertical_slash.lists_triton import _launch_range_lists
@@ -32,18 +32,7 @@ NV, NS, LOCAL = 1000, 6096, 64
 
 def _slashes():
     """(verticals, {kind: slashes}) as ``bench_vertical_slash.py`` builds them."""
-    vert, clustered = clustered_vertical_slash_indices(
-        B, H, S, NV, NS, local=LOCAL, run=64, seed=1, device="cuda"
-    )
-    g = torch.Generator().manual_seed(2)
-    far = [torch.randperm(S - LOCAL, generator=g)[: NS - LOCAL].sort().values for _ in range(B * H)]
-    rnd = torch.stack([torch.cat([torch.arange(LOCAL), LOCAL + r]) for r in far])
-    local = torch.arange(NS, device="cuda", dtype=torch.int32).repeat(B, H, 1)
-    return vert, {
-        "local": local,
-        "random": rnd.to("cuda", torch.int32).reshape(B, H, NS),
-        "clustered": clustered,
-    }
+    return vertical_slash_suite_indices(B, H, S, NV, NS, local=LOCAL, device="cuda")
 
 
 def parts(q, k, v, vert, sl, scale: float) -> dict:

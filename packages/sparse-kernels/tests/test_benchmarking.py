@@ -229,3 +229,18 @@ def test_summary_compares_ours_with_the_fastest_peer_of_the_same_op():
     assert met.endswith(">= 1.30x flex-fa4: 1.50x, met")
     missed = summary_lines("t", res, ["32K"], {"32K": ("flex-fa4", 2.0)})[2]
     assert missed.endswith(">= 2.00x flex-fa4: 1.50x, missed by 25%")
+
+
+def test_vertical_slash_suite_indices_are_valid_and_seeded():
+    from sparse_kernels.benchmarking import vertical_slash_suite_indices
+
+    vert, slashes = vertical_slash_suite_indices(1, 3, 4096, 50, 300, local=16)
+    assert vert.shape == (1, 3, 50) and set(slashes) == {"local", "random", "clustered"}
+    for t in (vert, *slashes.values()):
+        assert t.dtype == torch.int32 and bool((t[..., 1:] > t[..., :-1]).all())
+        assert int(t.min()) >= 0 and int(t.max()) < 4096
+    assert torch.equal(slashes["local"][0, 0], torch.arange(300, dtype=torch.int32))
+    assert torch.equal(slashes["random"][..., :16], slashes["local"][..., :16])
+    assert slashes["random"].shape == (1, 3, 300) and int(slashes["random"].max()) > 300
+    again = vertical_slash_suite_indices(1, 3, 4096, 50, 300, local=16)
+    assert torch.equal(again[1]["random"], slashes["random"])

@@ -295,6 +295,38 @@ def clustered_vertical_slash_indices(
     return vert.to(device), slash.to(device)
 
 
+def vertical_slash_suite_indices(
+    B: int,
+    H: int,
+    S: int,
+    n_vertical: int,
+    n_slash: int,
+    *,
+    local: int = 64,
+    run: int = 64,
+    device: str | torch.device = "cpu",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The vertical-slash suite's indices (int32, sorted): the verticals of
+    :func:`clustered_vertical_slash_indices` (seed 1) and three slash sets, ``[B, H, n_slash]``
+    each: ``"local"`` (offsets ``0 .. n_slash - 1``), ``"random"`` (``0 .. local - 1`` plus
+    distinct offsets uniform over ``[local, S)``, seed 2) and ``"clustered"`` (that function's)."""
+    vert, clustered = clustered_vertical_slash_indices(
+        B, H, S, n_vertical, n_slash, local=local, run=run, seed=1, device=device
+    )
+    g = torch.Generator().manual_seed(2)
+    far = [
+        torch.randperm(S - local, generator=g)[: n_slash - local].sort().values
+        for _ in range(B * H)
+    ]
+    rnd = torch.stack([torch.cat([torch.arange(local), local + r]) for r in far])
+    slashes = {
+        "local": torch.arange(n_slash, device=device, dtype=torch.int32).repeat(B, H, 1),
+        "random": rnd.to(device, torch.int32).reshape(B, H, n_slash),
+        "clustered": clustered,
+    }
+    return vert, slashes
+
+
 def _repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """K/V repeated to q's head count, for peers without GQA (done once, outside timed calls)."""
     rep = q.shape[1] // k.shape[1]

@@ -11,7 +11,6 @@ import pytest
 import torch
 from sparse_kernels import build_vertical_slash_index
 from sparse_kernels.testing import default_device
-from sparse_kernels.vertical_slash import index as index_module
 from sparse_kernels.vertical_slash import vertical_slash_mask
 
 DEV = default_device()
@@ -20,7 +19,8 @@ DEV = default_device()
 def make_indices(B, H, S, NV, slashes, *, seed, ends=False):
     """Sorted distinct verticals (``ends``: 0 and S - 1 among them) and slashes: ``"none"``,
     ``"ends"`` (offsets 0 and S - 1 among random ones), ``"random"``, ``"local"`` (offsets
-    ``0 .. S // 8``) or ``"runs"`` (a few runs of consecutive offsets: many ranges per row)."""
+    ``0 .. S // 8``), ``"runs"`` (a few runs of consecutive offsets) or ``"comb"`` (every 192nd
+    offset: about NKB / 3 ranges per query block)."""
     g = torch.Generator().manual_seed(seed)
     edge = torch.tensor(sorted({0, S - 1}))
     inner = torch.arange(1, max(S - 1, 1))
@@ -35,6 +35,8 @@ def make_indices(B, H, S, NV, slashes, *, seed, ends=False):
     vs = [pick(NV, ends) for _ in range(B * H)]
     if slashes == "local":
         ss = [torch.arange(max(S // 8, 1)) for _ in range(B * H)]
+    elif slashes == "comb":
+        ss = [torch.arange(0, S, 192) for _ in range(B * H)]
     elif slashes == "runs":
         starts = [torch.randperm(S, generator=g)[:6] for _ in range(B * H)]
         ss = [torch.cat([torch.arange(a, min(a + 40, S)) for a in st]).unique() for st in starts]
@@ -87,10 +89,12 @@ CASES = [
 ]
 
 
-def _check(S, BM, BN, NV, slashes, ends, device):
+def _check(S, BM, BN, NV, slashes, ends, device, impl="auto"):
     v, s = make_indices(2, 3, S, NV, slashes, seed=S + NV + BM + 3 * BN, ends=ends)
     want_count, want_cols = columns_reference(v, s, S, BM, BN)
-    idx = build_vertical_slash_index(v.to(device), s.to(device), seq_len=S, block_m=BM, block_n=BN)
+    idx = build_vertical_slash_index(
+        v.to(device), s.to(device), seq_len=S, block_m=BM, block_n=BN, impl=impl
+    )
     assert idx.column_count.device.type == torch.device(device).type
     assert torch.equal(idx.column_count.cpu(), want_count)
     assert torch.equal(idx.columns.cpu(), want_cols)
@@ -99,14 +103,12 @@ def _check(S, BM, BN, NV, slashes, ends, device):
 @pytest.mark.parametrize("S,BM,BN,NV,slashes,ends", CASES)
 def test_columns_match_reference(S, BM, BN, NV, slashes, ends):
     # On CPU under TRITON_INTERPRET=1 and on CUDA: the Triton kernel.
-    _check(S, BM, BN, NV, slashes, ends, DEV)
+    _check(S, BM, BN, NV, slashes, ends, DEV, impl="triton")
 
 
 @pytest.mark.parametrize("S,BM,BN,NV,slashes,ends", CASES)
-def test_torch_columns_match_reference(S, BM, BN, NV, slashes, ends, monkeypatch):
-    # CPU tensors without the interpreter take the torch ops.
-    monkeypatch.setattr(index_module, "interpreter_enabled", lambda: False)
-    _check(S, BM, BN, NV, slashes, ends, "cpu")
+def test_torch_columns_match_reference(S, BM, BN, NV, slashes, ends):
+    _check(S, BM, BN, NV, slashes, ends, "cpu", impl="reference")
 
 
 def test_int64_indices_give_the_same_columns():
@@ -134,26 +136,42 @@ BUILD_CASES = [
     pytest.param(1500, 128, 64, 100, "runs", True, id="S1500-b128x64-runs"),
     pytest.param(2100, 128, 128, 50, "runs", False, id="S2100-b128-runs"),
     pytest.param(2100, 128, 128, 50, "local", False, id="S2100-b128-local"),
+    pytest.param(3000, 64, 64, 40, "comb", False, id="S3000-b64-comb"),
+    pytest.param(3000, 128, 64, 40, "comb", True, id="S3000-b128x64-comb"),
 ]
 
 
-def _both_builds(S, BM, BN, NV, slashes, ends, device):
+def _both_builds(S, BM, BN, NV, slashes, ends, device, dtype=torch.int32):
     v, s = make_indices(2, 3, S, NV, slashes, seed=S + NV + BM + 3 * BN, ends=ends)
-    v, s = v.reshape(6, -1), s.reshape(6, -1)
-    got = index_module._build_triton(v.to(device), s.to(device), S, BM, BN)
-    want = index_module._build_torch(v, s, S, BM, BN)
-    names = ("range_count", "range_start", "range_end", "column_count", "columns")
-    for name, a, b in zip(names, got, want, strict=True):
-        assert torch.equal(a.cpu(), b), name
+    v, s = v.to(dtype), s.to(dtype)
+    kw = dict(seq_len=S, block_m=BM, block_n=BN)
+    got = build_vertical_slash_index(v.to(device), s.to(device), **kw, impl="triton")
+    want = build_vertical_slash_index(v, s, **kw, impl="reference")
+    for name in ("range_count", "range_start", "range_end", "column_count", "columns"):
+        assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), name
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("S,BM,BN,NV,slashes,ends", BUILD_CASES)
-def test_triton_build_equals_torch_build(S, BM, BN, NV, slashes, ends):
-    _both_builds(S, BM, BN, NV, slashes, ends, DEV)
+def test_triton_build_equals_torch_build(S, BM, BN, NV, slashes, ends, dtype):
+    _both_builds(S, BM, BN, NV, slashes, ends, DEV, dtype)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("BM,BN", [(64, 64), (64, 128), (128, 64), (128, 128)], ids=str)
-@pytest.mark.parametrize("slashes", ["local", "runs", "random"])
+@pytest.mark.parametrize("slashes", ["local", "runs", "random", "comb"])
 def test_gpu_triton_build_equals_torch_build(BM, BN, slashes):
-    _both_builds(16384 + 33, BM, BN, 600, slashes, True, "cuda")
+    # 40000 tokens at 64x64 tiles: sequences of about 1250 entries and about 200 ranges per
+    # query block with the comb, past one step of the GPU kernels' loops
+    _both_builds(40000, BM, BN, 600, slashes, True, "cuda")
+
+
+def test_impl_and_empty_batch_are_checked():
+    v, s = make_indices(1, 2, 300, 5, "random", seed=0)
+    kw = dict(seq_len=300, block_m=64, block_n=64)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        build_vertical_slash_index(v, s, **kw, impl="cuda")
+    with pytest.raises(NotImplementedError, match="FlashAttention-4 has no kernel"):
+        build_vertical_slash_index(v, s, **kw, impl="fa4")
+    with pytest.raises(ValueError, match="expected B\\*H >= 1, got B=0, H=2"):
+        build_vertical_slash_index(v[:0], s[:0], **kw)

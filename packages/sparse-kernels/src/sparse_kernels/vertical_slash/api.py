@@ -15,7 +15,12 @@ from .._validate import (
     resolve_impl,
 )
 from ..fa4 import block_lists_problem
-from .index import VerticalSlashIndex, _check_indices, build_vertical_slash_index
+from .index import (
+    VerticalSlashIndex,
+    _check_blocks,
+    _check_indices,
+    build_vertical_slash_index,
+)
 from .reference import vertical_slash_attention_reference
 
 _OP = "vertical_slash_attention"
@@ -120,7 +125,8 @@ def vertical_slash_attention(
             elsewhere).
         block_m, block_n: tile sizes, 64 or 128 each.
         index: the result of ``build_vertical_slash_index(vertical_indices, slash_indices,
-            seq_len=S, block_m=block_m, block_n=block_n)``; built here when ``None``.
+            seq_len=S, block_m=block_m, block_n=block_n)``; built here when ``None`` (except for
+            the reference, which reads the indices themselves).
         check_indices: check the indices' range and order (``build_vertical_slash_index(
             check_contents=...)``, six host reads) and, for a prebuilt ``index``, that its counts
             fit its widths and its listed key blocks and columns lie inside the sequence (five
@@ -139,6 +145,7 @@ def vertical_slash_attention(
     attends) may turn the row NaN (``0 * NaN`` in ``P @ V``), as in torch SDPA.
     """
     B, H, _, S_Q, S_KV, D = check_qkv(q, k, v)
+    _check_blocks(block_m, block_n, _OP)
     if S_Q != S_KV:
         raise NotImplementedError(
             f"{_OP}: only self-attention prefill (S_Q == S_KV) is supported, got S_Q={S_Q}, "
@@ -156,17 +163,18 @@ def vertical_slash_attention(
             t, nm, op=_OP, dims=(("B", B), ("H", H), (n, None)), device=q.device,
             dtypes=(torch.int32, torch.int64),
         )  # fmt: skip
-    if index is None:
-        index = build_vertical_slash_index(
-            vertical_indices, slash_indices, seq_len=S_Q, block_m=block_m, block_n=block_n,
-            check_contents=check_indices,
-        )  # fmt: skip
-    else:
+    if index is not None:
         _check_prebuilt(index, B, H, S_Q, block_m, block_n, q.device, check_indices)
+    if which == "reference" or index is not None:
         if check_indices:
             # The reference reads the indices themselves.
             _check_indices(vertical_indices, "vertical_indices", B, H, S_Q)
             _check_indices(slash_indices, "slash_indices", B, H, S_Q)
+    else:
+        index = build_vertical_slash_index(
+            vertical_indices, slash_indices, seq_len=S_Q, block_m=block_m, block_n=block_n,
+            check_contents=check_indices, impl="triton",
+        )  # fmt: skip
     if which == "reference":
         return vertical_slash_attention_reference(
             q, k, v, vertical_indices, slash_indices,

@@ -61,7 +61,7 @@ def _vertical_slash_columns_kernel(
     row_off = (n * NQB + m) * C
     offs = tl.arange(0, BLOCK_V)
     total = tl.zeros([BLOCK_R], tl.int32)
-    t0 = tl.full([], 0, tl.int32)
+    t0 = tl.full([], 0, tl.int64)
     go = t0 < NV
     while go:
         t = t0 + offs
@@ -84,7 +84,8 @@ def _vertical_slash_columns_kernel(
             tl.store(cols_ptr + row_off[:, None] + rank, val, mask=keep)
         total += tl.sum(k32, 1)
         t0 += BLOCK_V
-        # Verticals ascend: once one passes the tile's last query, no later one is kept.
+        # Verticals ascend: once one passes the last row of this program's query blocks, no
+        # later one is kept.
         go = (t0 < NV) & (tl.max(vv, 0) <= top)
     if WRITE:
         pad = tl.zeros([BLOCK_R, BLOCK_V], tl.int32) + S
@@ -104,7 +105,7 @@ def _launch(v: torch.Tensor, tiles, count: torch.Tensor, cols: torch.Tensor, wri
     block_v = 32 if on_interpreter() else BLOCK_V
     launch(
         _vertical_slash_columns_kernel, (triton.cdiv(tiles.nqb, BLOCK_R), N),
-        (v, tiles.cover.view(torch.uint8), count, cols),
+        (v, tiles.cover, count, cols),
         (NV, tiles.nqb, tiles.nkb, tiles.T, tiles.seq_len, tiles.block_m, tiles.block_n,
          tiles.a, tiles.p, cols.shape[-1]),
         BLOCK_R=BLOCK_R, BLOCK_V=block_v, WRITE=write, num_warps=4,
@@ -116,8 +117,7 @@ def _launch_column_count(v: torch.Tensor, tiles) -> torch.Tensor:
     ascending in ``[0, S)``, ``NV >= 1``, contiguous; ``tiles``: the heads'
     :class:`~.index_triton.SlashTiles`, on ``v``'s device."""
     count = torch.empty(v.shape[0], tiles.nqb, dtype=torch.int32, device=v.device)
-    if count.numel():
-        _launch(v, tiles, count, count, write=False)
+    _launch(v, tiles, count, count, write=False)
     return count
 
 
@@ -126,6 +126,5 @@ def _launch_columns(v: torch.Tensor, tiles, width: int) -> torch.Tensor:
     :func:`_launch_column_count`, same inputs) ascending, then ``seq_len`` as padding.
     ``width`` must be at least every row's count."""
     cols = torch.empty(v.shape[0], tiles.nqb, width, dtype=torch.int32, device=v.device)
-    if cols.numel():
-        _launch(v, tiles, cols, cols, write=True)
+    _launch(v, tiles, cols, cols, write=True)
     return cols

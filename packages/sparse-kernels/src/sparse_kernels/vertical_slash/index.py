@@ -1,9 +1,9 @@
 """Vertical-slash index build: indices -> per-query-block key-block ranges + leftover columns.
 
 Every (batch, head) at once, on the indices' device: by Triton kernels (``index_triton`` for the
-slash tiles and ranges, ``columns_triton`` for the leftover columns) wherever Triton runs (CUDA,
-and CPU under the interpreter); by torch ops elsewhere (CPU without the interpreter), which build
-the same index with ``[B*H, NQB, NV]`` intermediates.
+slash tiles and ranges, ``columns_triton`` for the leftover columns; ``impl="triton"``, what
+``"auto"`` runs on CUDA) or by torch ops (``impl="reference"``, what ``"auto"`` runs elsewhere),
+which build the same index with ``[B*H, NQB, NV]`` intermediates.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import check_bool, interpreter_enabled
+from .._validate import check_bool, resolve_impl
 
 _OP = "build_vertical_slash_index"
 SUPPORTED_BLOCKS = (64, 128)
@@ -141,6 +141,15 @@ def _check_indices(
     return t
 
 
+def _check_blocks(block_m: object, block_n: object, op: str) -> None:
+    for nm, bsz in (("block_m", block_m), ("block_n", block_n)):
+        # 64.0 == 64: a float would pass the membership test and fail later inside torch
+        if isinstance(bsz, bool) or not isinstance(bsz, int):
+            raise TypeError(f"{op}: {nm}: expected an int in {SUPPORTED_BLOCKS}, got {bsz!r}")
+        if bsz not in SUPPORTED_BLOCKS:
+            raise NotImplementedError(f"{op}: {nm} must be one of {SUPPORTED_BLOCKS}, got {bsz!r}")
+
+
 def _compact(mask: torch.Tensor, width: int, fill: int, values: torch.Tensor) -> torch.Tensor:
     """``[N, M, width]`` int32: per row ``(n, m)``, ``values`` (broadcast to ``mask``'s shape) at
     the set entries of ``mask[n, m, :]`` in ascending position order, then ``fill``. Placed by
@@ -163,6 +172,7 @@ def build_vertical_slash_index(
     block_m: int = 64,
     block_n: int = 64,
     check_contents: bool = True,
+    impl: str = "auto",
 ) -> VerticalSlashIndex:
     """Convert MInference vertical/slash indices to the block ranges + columns the kernel runs.
 
@@ -184,6 +194,10 @@ def build_vertical_slash_index(
             host reads per tensor). ``False`` is for callers whose indices hold that by
             construction (``sparse_patterns``' planner): invalid ones then give a wrong index or
             a device-side error, not a ``ValueError``. Shapes and dtypes are checked either way.
+        impl: ``"triton"`` builds with Triton kernels (CUDA, or CPU under ``TRITON_INTERPRET=1``),
+            ``"reference"`` with torch ops (any device; bound by launching its many small ops on
+            a GPU, about 11x slower there at 128K); ``"auto"``: Triton on CUDA, torch ops
+            elsewhere. Both build the same tensors.
 
     Returns:
         :class:`VerticalSlashIndex` on the indices' device. Synchronises with the host once,
@@ -193,12 +207,7 @@ def build_vertical_slash_index(
     # The index holds int32 key blocks and columns.
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 0 < seq_len < 2**31:
         raise ValueError(f"{_OP}: seq_len: expected an int in [1, 2**31), got {seq_len!r}")
-    for nm, bsz in (("block_m", block_m), ("block_n", block_n)):
-        # 64.0 == 64: a float would pass the membership test and fail later inside torch
-        if isinstance(bsz, bool) or not isinstance(bsz, int):
-            raise TypeError(f"{_OP}: {nm}: expected an int in {SUPPORTED_BLOCKS}, got {bsz!r}")
-        if bsz not in SUPPORTED_BLOCKS:
-            raise NotImplementedError(f"{_OP}: {nm} must be one of {SUPPORTED_BLOCKS}, got {bsz!r}")
+    _check_blocks(block_m, block_n, _OP)
     check_contents = check_bool(check_contents, "check_contents", _OP)
     if not isinstance(vertical_indices, torch.Tensor):
         raise TypeError(
@@ -209,6 +218,9 @@ def build_vertical_slash_index(
             f"vertical_indices: expected shape [B, H, NV], got {tuple(vertical_indices.shape)}"
         )
     B, H = vertical_indices.shape[:2]
+    if B * H == 0:
+        raise ValueError(f"{_OP}: expected B*H >= 1, got B={B}, H={H}")
+    which = resolve_impl(impl, vertical_indices.device, _OP)
     if isinstance(slash_indices, torch.Tensor) and slash_indices.device != vertical_indices.device:
         raise ValueError(
             f"{_OP}: vertical_indices and slash_indices must be on one device, got "
@@ -216,9 +228,7 @@ def build_vertical_slash_index(
         )
     _check_indices(vertical_indices, "vertical_indices", B, H, seq_len, check_contents)
     _check_indices(slash_indices, "slash_indices", B, H, seq_len, check_contents)
-    dev = vertical_indices.device
-    on_triton = dev.type == "cuda" or (dev.type == "cpu" and interpreter_enabled())
-    build = _build_triton if on_triton else _build_torch
+    build = _build_triton if which == "triton" else _build_torch
     range_count, range_start, range_end, column_count, columns = build(
         vertical_indices.reshape(B * H, -1), slash_indices.reshape(B * H, -1), seq_len, block_m,
         block_n,

@@ -11,10 +11,10 @@ at ``k = (m*a) div p + (NKB - 1 - n)``, a window of ``NKB`` consecutive entries.
 gets a sequence of its own (index ``p``, ``k = NKB - 1 - n``). A row's ranges are the runs of
 covered entries inside its window, so nothing here is ``NQB x NKB``:
 
-1. ``_cover_kernel``: every sequence entry, by a binary search of the head's sorted slashes.
-2. ``_runs_kernel``: one program per sequence numbers its runs (a running count of run starts)
+1. ``_vertical_slash_cover_kernel``: every sequence entry, by a binary search of the head's sorted slashes.
+2. ``_vertical_slash_runs_kernel``: one program per sequence numbers its runs (a running count of run starts)
    and records where each run starts and ends.
-3. ``_ranges_kernel``: one program per query block reads its window's runs: first the count,
+3. ``_vertical_slash_ranges_kernel``: one program per query block reads its window's runs: first the count,
    then (with the width read back) the ranges.
 """
 
@@ -29,6 +29,12 @@ import triton.language as tl
 from .._triton.config import on_interpreter
 from .._triton.launch import launch
 
+# Sequence entries per step of the cover and runs kernels, and ranges per step of the ranges
+# kernel. Not tuned: the whole build is a few hundred microseconds at 128K. The interpreter's
+# are small so that the CPU tests walk several steps.
+SEQ_BLOCK, SEQ_BLOCK_INTERPRETER = 1024, 8
+RANGE_BLOCK, RANGE_BLOCK_INTERPRETER = 128, 2
+
 
 @triton.jit
 def _position(k, s, T, nkb, P: tl.constexpr):
@@ -37,13 +43,13 @@ def _position(k, s, T, nkb, P: tl.constexpr):
 
 
 @triton.jit
-def _cover_kernel(
+def _vertical_slash_cover_kernel(
     sl_ptr, cover_ptr, NS, n_iter, S, T, tmin, g, nqb, nkb,
     BM: tl.constexpr, BN: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    n = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     s = tl.program_id(1)
-    k = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
+    n = tl.program_id(2).to(tl.int64)
     if s < P:
         u = k.to(tl.int64) * P + s
         t = tmin + g * u
@@ -61,18 +67,18 @@ def _cover_kernel(
     left = tl.zeros([BLOCK], dtype=tl.int32)
     right = tl.full([BLOCK], 0, tl.int32) + NS
     for _ in range(n_iter):
-        mid = (left + right) // 2
+        mid = left + (right - left) // 2
         val = tl.load(row + mid, mask=left < right, other=0)
         go = (left < right) & (val < lo)
         right = tl.where((left < right) & ~go, mid, right)
         left = tl.where(go, mid + 1, left)
     found = tl.load(row + left, mask=left < NS, other=0)
-    cov = (left < NS) & (found <= hi) & (hi >= 0)
+    cov = (left < NS) & (found <= hi)  # found >= lo >= 0, so hi < 0 fails here
     tl.store(cover_ptr + n * (T + nkb) + _position(k, s, T, nkb, P), cov.to(tl.int8), mask=inside)
 
 
 @triton.jit
-def _runs_kernel(
+def _vertical_slash_runs_kernel(
     cover_ptr, runs_ptr, run_lo_ptr, run_hi_ptr, L, T, nkb, P: tl.constexpr, BLOCK: tl.constexpr
 ):
     n = tl.program_id(0).to(tl.int64)
@@ -98,9 +104,9 @@ def _runs_kernel(
 
 
 @triton.jit
-def _ranges_kernel(
+def _vertical_slash_ranges_kernel(
     runs_ptr, run_lo_ptr, run_hi_ptr, count_ptr, start_ptr, end_ptr,
-    L, T, R, nqb, nkb, A: tl.constexpr, P: tl.constexpr, WRITE: tl.constexpr, BLOCK: tl.constexpr,
+    L, R, nqb, nkb, A: tl.constexpr, P: tl.constexpr, WRITE: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     n = row // nqb
@@ -135,8 +141,7 @@ def _ranges_kernel(
 
 
 class SlashTiles:
-    """The tiles that the slashes of ``N`` heads cross (one ``_cover_kernel`` and one
-    ``_runs_kernel`` launch); :meth:`range_count` and :meth:`ranges` read them per query block.
+    """The tiles that the slashes of ``N`` heads cross (one cover and one runs launch); :meth:`range_count` and :meth:`ranges` read them per query block.
 
     ``cover`` (int8 ``[N, T + NKB]``) is 1 where a slash crosses: class ``u < T`` (tile
     ``(m, n)`` of a row ``m < NQB - 1`` is class ``m*a + (NKB - 1 - n)*p``), then the last query
@@ -159,25 +164,28 @@ class SlashTiles:
         self.runs = torch.empty(runs, dtype=torch.int32, device=dev)
         self.run_lo = torch.empty(runs, dtype=torch.int32, device=dev)
         self.run_hi = torch.empty(runs, dtype=torch.int32, device=dev)
-        block = 64 if on_interpreter() else 1024
+        block = SEQ_BLOCK_INTERPRETER if on_interpreter() else SEQ_BLOCK
         # binary-search steps: enough to narrow NS + 1 candidate positions to one
         steps = max(NS, 1).bit_length()
         launch(
-            _cover_kernel, (N, self.p + 1, triton.cdiv(L, block)), (slash, self.cover),
+            _vertical_slash_cover_kernel, (triton.cdiv(L, block), self.p + 1, N),
+            (slash, self.cover),
             (NS, steps, S, T, -(self.nkb - 1) * BN, g, self.nqb, self.nkb),
             BM=BM, BN=BN, P=self.p, BLOCK=block,
         )  # fmt: skip
         launch(
-            _runs_kernel, (N, self.p + 1), (self.cover, self.runs, self.run_lo, self.run_hi),
+            _vertical_slash_runs_kernel, (N, self.p + 1),
+            (self.cover, self.runs, self.run_lo, self.run_hi),
             (L, T, self.nkb), P=self.p, BLOCK=block,
         )  # fmt: skip
 
     def _launch_ranges(self, count, start, end, R: int, write: bool) -> None:
         launch(
-            _ranges_kernel, (self.N * self.nqb,),
+            _vertical_slash_ranges_kernel, (self.N * self.nqb,),
             (self.runs, self.run_lo, self.run_hi, count, start, end),
-            (self.runs.shape[-1], self.T, R, self.nqb, self.nkb),
-            A=self.a, P=self.p, WRITE=write, BLOCK=16 if on_interpreter() else 128,
+            (self.runs.shape[-1], R, self.nqb, self.nkb),
+            A=self.a, P=self.p, WRITE=write,
+            BLOCK=RANGE_BLOCK_INTERPRETER if on_interpreter() else RANGE_BLOCK,
         )  # fmt: skip
 
     def range_count(self) -> torch.Tensor:

@@ -34,9 +34,11 @@ def test_failing_rank_ends_job_on_every_rank(mode):
         assert "ValueError: injected failure" in str(ei.value)
         assert "rank 1 failed in 'step 2': ValueError: injected failure" in rank0
     else:
-        # whichever rank's watchdog fires first ends; the other then loses the store (or fires too)
+        # whichever rank's watchdog fires first ends; the other then loses the store, fires too,
+        # or (on a loaded machine) sees its all-gather fail as gloo loses the ended peer
         texts = [rank0, aborts["abort1.txt"]]
-        assert all("no progress for" in t or "lost the rendezvous store" in t for t in texts)
+        ends = ("no progress for", "lost the rendezvous store", "Connection closed by peer")
+        assert all(any(e in t for e in ends) for t in texts), texts
         stalls = [t for t in texts if "no progress for" in t]
         assert stalls
         # rank 1 sleeps in the worker's step 3; rank 0 waits for it in the all-gather

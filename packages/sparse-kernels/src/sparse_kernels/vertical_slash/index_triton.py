@@ -11,11 +11,12 @@ at ``k = (m*a) div p + (NKB - 1 - n)``, a window of ``NKB`` consecutive entries.
 gets a sequence of its own (index ``p``, ``k = NKB - 1 - n``). A row's ranges are the runs of
 covered entries inside its window, so nothing here is ``NQB x NKB``:
 
-1. ``_vertical_slash_cover_kernel``: every sequence entry, by a binary search of the head's sorted slashes.
-2. ``_vertical_slash_runs_kernel``: one program per sequence numbers its runs (a running count of run starts)
-   and records where each run starts and ends.
-3. ``_vertical_slash_ranges_kernel``: one program per query block reads its window's runs: first the count,
-   then (with the width read back) the ranges.
+1. ``_vertical_slash_cover_kernel``: every sequence entry, by a binary search of the head's
+   sorted slashes.
+2. ``_vertical_slash_runs_kernel``: one program per sequence numbers its runs (a running count of
+   run starts) and records where each run starts and ends.
+3. ``_vertical_slash_ranges_kernel``: one program per query block reads its window's runs: first
+   the count, then (with the width read back) the ranges.
 """
 
 from __future__ import annotations

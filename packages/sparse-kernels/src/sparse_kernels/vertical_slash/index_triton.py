@@ -142,7 +142,8 @@ def _vertical_slash_ranges_kernel(
 
 
 class SlashTiles:
-    """The tiles that the slashes of ``N`` heads cross (one cover and one runs launch); :meth:`range_count` and :meth:`ranges` read them per query block.
+    """The tiles that the slashes of ``N`` heads cross (one cover and one runs launch);
+    :meth:`range_count` and :meth:`ranges` read them per query block.
 
     ``cover`` (int8 ``[N, T + NKB]``) is 1 where a slash crosses: class ``u < T`` (tile
     ``(m, n)`` of a row ``m < NQB - 1`` is class ``m*a + (NKB - 1 - n)*p``), then the last query

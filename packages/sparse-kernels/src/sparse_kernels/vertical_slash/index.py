@@ -276,7 +276,7 @@ def _build_triton(v: torch.Tensor, sl: torch.Tensor, S: int, BM: int, BN: int) -
 
 
 def _build_torch(v: torch.Tensor, sl: torch.Tensor, S: int, BM: int, BN: int) -> tuple:
-    """:func:`_build_triton` by torch ops (devices where Triton does not run)."""
+    """:func:`_build_triton` by torch ops (``impl="reference"``; any device)."""
     dev = v.device
     N = v.shape[0]
     nqb, nkb = -(-S // BM), -(-S // BN)

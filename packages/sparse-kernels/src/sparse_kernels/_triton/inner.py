@@ -7,6 +7,59 @@ import triton.language as tl
 
 
 @triton.jit
+def _load_kv_tile(
+    k_base,
+    v_base,
+    stride_k_s,
+    stride_k_d,
+    stride_v_s,
+    stride_v_d,
+    cols,
+    offs_d,
+    S_KV,
+    k_desc,
+    v_desc,
+    kv_b,
+    kv_h,
+    start_n,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BOUNDS: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """The key tile ``[BLOCK_D, BLOCK_N]`` (transposed, for ``q @ k``) and value tile
+    ``[BLOCK_N, BLOCK_D]`` of keys ``cols = start_n + arange(BLOCK_N)``.
+
+    TMA: the copy engine loads both through descriptors of the whole ``[B, H_KV, S_KV, D]``
+    tensors (blocks ``[1, 1, BLOCK_N, BLOCK_D]``, ``_triton/tma.py``) at ``(kv_b, kv_h,
+    start_n, 0)``, zero-filling keys past ``S_KV`` and dims past ``D``. Else index loads from
+    ``k_base``/``v_base`` (the head's first key), masked on the key bound where BOUNDS and on
+    the head dim where ``BLOCK_D != D``.
+    """
+    if TMA:
+        # Descriptor coordinates are 32-bit.
+        at = [tl.cast(kv_b, tl.int32), tl.cast(kv_h, tl.int32), tl.cast(start_n, tl.int32), 0]
+        k = tl.reshape(k_desc.load(at), (BLOCK_N, BLOCK_D)).T
+        v = tl.reshape(v_desc.load(at), (BLOCK_N, BLOCK_D))
+    else:
+        k_ptrs = k_base + cols[None, :] * stride_k_s + offs_d[:, None] * stride_k_d
+        v_ptrs = v_base + cols[:, None] * stride_v_s + offs_d[None, :] * stride_v_d
+        d_ok = offs_d < D
+        if BOUNDS:
+            col_ok = cols < S_KV
+            k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        elif BLOCK_D != D:
+            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+    return k, v
+
+
+@triton.jit
 def _attn_tile_inner(
     acc,
     l_i,
@@ -34,34 +87,31 @@ def _attn_tile_inner(
     IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
+    k_desc=None,
+    v_desc=None,
+    kv_b=0,
+    kv_h=0,
+    TMA: tl.constexpr = False,
 ):
     """Online-softmax update of one query tile over key blocks [lo, hi) (steps of BLOCK_N).
 
     MASKED applies the element mask (key bounds, causal on ``q_pos``, and with HAS_WINDOW the
     sink/window rule ``j < sink or q_pos - j < window``); unmasked calls must only cover blocks
-    that every row of the tile sees in full.
+    that every row of the tile sees in full. TMA loads the tiles through ``k_desc``/``v_desc`` at
+    batch ``kv_b`` and KV head ``kv_h`` (:func:`_load_kv_tile`).
     """
-    d_ok = offs_d < D
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k_ptrs = k_base + cols[None, :] * stride_k_s + offs_d[:, None] * stride_k_d
-        v_ptrs = v_base + cols[:, None] * stride_v_s + offs_d[None, :] * stride_v_d
-        if MASKED:
-            col_ok = cols < S_KV
-            k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        elif BLOCK_D != D:
-            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+        k, v = _load_kv_tile(
+            k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d, cols, offs_d, S_KV,
+            k_desc, v_desc, kv_b, kv_h, start_n, D, BLOCK_D, BLOCK_N, MASKED, TMA,
+        )  # fmt: skip
         if IEEE:
             qk = tl.dot(q, k, input_precision="ieee")
         else:
             qk = tl.dot(q, k)
         if MASKED:
-            keep = col_ok[None, :]
+            keep = (cols < S_KV)[None, :]
             if IS_CAUSAL:
                 keep = keep & (cols[None, :] <= q_pos[:, None])
             if HAS_WINDOW:

@@ -3,7 +3,8 @@
 One program computes BLOCK_M query rows of one (batch, head) against all keys it may see,
 with the online softmax in fp32. Keys are walked in two phases: blocks that every row of the
 tile sees in full (no element mask, no bounds check) and the remaining blocks (causal diagonal
-and the ragged tail), where the element mask is applied.
+and the ragged tail), where the element mask is applied. On Hopper and later the K/V tiles come
+through the copy engine (``_triton/tma.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import triton.language as tl
 
 from .._triton.config import FP32_CONFIG, block_d
 from .._triton.inner import _attn_tile_inner, _finish_rows
+from .._triton.tma import kv_descriptors
 from .._validate import check_int32_key_offsets
 from ..tuning import KernelSpec, LaunchConfig, choose_config
 
@@ -40,6 +42,8 @@ def _attn_fwd_kernel(
     v_ptr,
     out_ptr,
     lse_ptr,
+    k_desc,
+    v_desc,
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -67,6 +71,7 @@ def _attn_fwd_kernel(
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     # Heaviest causal tiles (last rows) first, so the tail of the grid is short work.
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -114,13 +119,13 @@ def _attn_fwd_kernel(
         acc, l_i, m_i, q, k_base, v_base,
         stride_k_s, stride_k_d, stride_v_s, stride_v_d,
         q_pos, offs_n, offs_d, 0, full_hi, S_KV, qk_scale, 0, 0,
-        D, BLOCK_D, BLOCK_N, False, IS_CAUSAL, False, IEEE,
+        D, BLOCK_D, BLOCK_N, False, IS_CAUSAL, False, IEEE, k_desc, v_desc, b, h_kv, TMA,
     )  # fmt: skip
     acc, l_i, m_i = _attn_tile_inner(
         acc, l_i, m_i, q, k_base, v_base,
         stride_k_s, stride_k_d, stride_v_s, stride_v_d,
         q_pos, offs_n, offs_d, full_hi, hi, S_KV, qk_scale, 0, 0,
-        D, BLOCK_D, BLOCK_N, True, IS_CAUSAL, False, IEEE,
+        D, BLOCK_D, BLOCK_N, True, IS_CAUSAL, False, IEEE, k_desc, v_desc, b, h_kv, TMA,
     )  # fmt: skip
 
     out, lse = _finish_rows(acc, l_i, m_i)
@@ -145,9 +150,11 @@ def _launch_attention_fwd(
     causal: bool,
     scale: float,
     config: LaunchConfig | None = None,
+    tma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
-    the tuner run each candidate)."""
+    the tuner run each candidate). ``tma``: load K/V tiles with the copy engine (True), with
+    index loads (False), or as :func:`~sparse_kernels._triton.tma.tma_default` picks (None)."""
     check_int32_key_offsets(k, v, "attention")
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
@@ -156,13 +163,16 @@ def _launch_attention_fwd(
             SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S_KV,
             variant="causal" if causal else "full",
         )  # fmt: skip
+    k_desc, v_desc = kv_descriptors(
+        k, v, block_n=config["BLOCK_N"], block_d=block_d(D), tma=tma, op="attention"
+    )
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
     _attn_fwd_kernel[(triton.cdiv(S_Q, config["BLOCK_M"]), B * H)](
-        q, k, v, out, lse,
+        q, k, v, out, lse, k_desc, v_desc,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         H, H // H_KV, S_Q, S_KV, scale,
         D=D, BLOCK_D=block_d(D), IS_CAUSAL=bool(causal), IEEE=q.dtype == torch.float32,
-        **config.launch_kwargs(),
+        TMA=k_desc is not None, **config.launch_kwargs(),
     )  # fmt: skip
     return out, lse

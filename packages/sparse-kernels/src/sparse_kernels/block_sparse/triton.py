@@ -5,7 +5,8 @@ block's kv index lists once (full list, then partial list) and walks the listed 
 TILE_N sub-tiles with the online softmax in fp32, in one flat loop per list (so the compiler can
 pipeline the K/V loads). Since ``mask_mod`` is not evaluated, full and partial blocks differ only
 in which list they come from: a sub-tile gets the element mask only where it is needed (it
-crosses the causal diagonal or the key bound).
+crosses the causal diagonal or the key bound). On Hopper and later the K/V sub-tiles come
+through the copy engine (``_triton/tma.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import triton
 import triton.language as tl
 
 from .._triton.config import block_d
-from .._triton.inner import _finish_rows
+from .._triton.inner import _finish_rows, _load_kv_tile
+from .._triton.tma import kv_descriptors
 from ..tuning import KernelSpec, LaunchConfig, choose_config
 
 
@@ -50,27 +52,22 @@ SPEC = KernelSpec(
 def _walk_list(
     acc, l_i, m_i, q, k_base, v_base, idx_base, n_blocks,
     stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-    q_pos, first_pos, offs_n, offs_d, S_KV, qk_scale,
+    q_pos, first_pos, offs_n, offs_d, S_KV, qk_scale, k_desc, v_desc, kv_b, kv_h,
     D: tl.constexpr, BLOCK_D: tl.constexpr, MASK_BN: tl.constexpr, TILE_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over the listed kv blocks, one flat (software-pipelined) loop over their
     TILE_N sub-tiles. The element mask is applied only to sub-tiles that cross the causal
     diagonal or the key end."""
     SPLIT = MASK_BN // TILE_N
-    d_ok = offs_d < D
     for t in range(0, n_blocks * SPLIT):
         kb = tl.load(idx_base + t // SPLIT).to(tl.int64)
         start_n = kb * MASK_BN + (t % SPLIT) * TILE_N
         cols = start_n + offs_n
         col_ok = cols < S_KV
-        k = tl.load(
-            k_base + cols[None, :] * stride_k_s + offs_d[:, None] * stride_k_d,
-            mask=col_ok[None, :] & d_ok[:, None], other=0.0,
-        )  # fmt: skip
-        v = tl.load(
-            v_base + cols[:, None] * stride_v_s + offs_d[None, :] * stride_v_d,
-            mask=col_ok[:, None] & d_ok[None, :], other=0.0,
+        k, v = _load_kv_tile(
+            k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d, cols, offs_d, S_KV,
+            k_desc, v_desc, kv_b, kv_h, start_n, D, BLOCK_D, TILE_N, True, TMA,
         )  # fmt: skip
         if IEEE:
             qk = tl.dot(q, k, input_precision="ieee")
@@ -102,7 +99,7 @@ def _walk_list(
 @triton.jit
 def _block_sparse_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
-    num_ptr, idx_ptr, fnum_ptr, fidx_ptr,
+    num_ptr, idx_ptr, fnum_ptr, fidx_ptr, k_desc, v_desc,
     stride_q_b, stride_q_h, stride_q_s, stride_q_d,
     stride_k_b, stride_k_h, stride_k_s, stride_k_d,
     stride_v_b, stride_v_h, stride_v_s, stride_v_d,
@@ -114,7 +111,7 @@ def _block_sparse_fwd_kernel(
     H, GROUP, S_Q, S_KV, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     HAS_FULL: tl.constexpr, MASK_BM: tl.constexpr, MASK_BN: tl.constexpr,
-    TILE_M: tl.constexpr, TILE_N: tl.constexpr,
+    TILE_M: tl.constexpr, TILE_N: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -153,16 +150,16 @@ def _block_sparse_fwd_kernel(
         acc, l_i, m_i = _walk_list(
             acc, l_i, m_i, q, k_base, v_base, fidx_base, n_full,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-            q_pos, first_pos, offs_n, offs_d, S_KV, qk_scale,
-            D, BLOCK_D, MASK_BN, TILE_N, IS_CAUSAL, IEEE,
+            q_pos, first_pos, offs_n, offs_d, S_KV, qk_scale, k_desc, v_desc, b, h_kv,
+            D, BLOCK_D, MASK_BN, TILE_N, IS_CAUSAL, IEEE, TMA,
         )  # fmt: skip
     n_part = tl.load(num_ptr + b * stride_n_b + h * stride_n_h + mblk * stride_n_m)
     idx_base = idx_ptr + b * stride_i_b + h * stride_i_h + mblk * stride_i_m
     acc, l_i, m_i = _walk_list(
         acc, l_i, m_i, q, k_base, v_base, idx_base, n_part,
         stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-        q_pos, first_pos, offs_n, offs_d, S_KV, qk_scale,
-        D, BLOCK_D, MASK_BN, TILE_N, IS_CAUSAL, IEEE,
+        q_pos, first_pos, offs_n, offs_d, S_KV, qk_scale, k_desc, v_desc, b, h_kv,
+        D, BLOCK_D, MASK_BN, TILE_N, IS_CAUSAL, IEEE, TMA,
     )  # fmt: skip
 
     out, lse = _finish_rows(acc, l_i, m_i)
@@ -199,9 +196,12 @@ def _launch_block_sparse_fwd(
     causal: bool,
     scale: float,
     config: LaunchConfig | None = None,
+    tma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
-    the tuner run each candidate); its tiles must divide ``(block_m, block_n)``."""
+    the tuner run each candidate); its tiles must divide ``(block_m, block_n)``. ``tma``: load
+    K/V tiles with the copy engine (True), with index loads (False), or as
+    :func:`~sparse_kernels._triton.tma.tma_default` picks (None)."""
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
     blocks = (block_m, block_n)
@@ -215,6 +215,9 @@ def _launch_block_sparse_fwd(
             f"block_sparse_attention: launch config tiles must divide the mask blocks {blocks}, "
             f"got {config}"
         )
+    k_desc, v_desc = kv_descriptors(
+        k, v, block_n=config["TILE_N"], block_d=block_d(D), tma=tma, op="block_sparse_attention"
+    )
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
     has_full = full_kv_num_blocks is not None
@@ -226,12 +229,13 @@ def _launch_block_sparse_fwd(
     nqb = -(-S_Q // block_m)
     _block_sparse_fwd_kernel[(nqb * (block_m // config["TILE_M"]), B * H)](
         q, k, v, out, lse,
-        kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
+        kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, k_desc, v_desc,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *_bcast_strides(kv_num_blocks, 3), *_bcast_strides(kv_indices, 3),
         *_bcast_strides(full_kv_num_blocks, 3), *_bcast_strides(full_kv_indices, 3),
         H, H // H_KV, S_Q, S_KV, scale,
         D=D, BLOCK_D=block_d(D), IS_CAUSAL=bool(causal), IEEE=q.dtype == torch.float32,
-        HAS_FULL=has_full, MASK_BM=block_m, MASK_BN=block_n, **config.launch_kwargs(),
+        HAS_FULL=has_full, MASK_BM=block_m, MASK_BN=block_n, TMA=k_desc is not None,
+        **config.launch_kwargs(),
     )  # fmt: skip
     return out, lse

@@ -1,0 +1,81 @@
+"""K/V tiles through the copy engine (``tma=True``) give the same result as index loads, and the
+launchers choose and refuse descriptors by the layout rule of ``_triton/tma.py``."""
+
+import pytest
+import torch
+from sparse_kernels._triton.tma import kv_descriptors, tma_default, tma_layout_ok
+from sparse_kernels.attention.triton import _launch_attention_fwd
+from sparse_kernels.block_sparse.triton import _launch_block_sparse_fwd
+from sparse_kernels.testing import default_device, make_qkv
+
+DEV = default_device()
+needs_tma = pytest.mark.skipif(
+    DEV.type == "cuda" and torch.cuda.get_device_capability() < (9, 0),
+    reason="the copy engine (TMA) needs compute capability 9.0 or later",
+)
+
+
+def _same(a, b):
+    """Equal outputs and LSEs (the same arithmetic on the same tiles; -inf rows equal too)."""
+    torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+    torch.testing.assert_close(a[1], b[1], rtol=0, atol=0)
+
+
+@needs_tma
+@pytest.mark.parametrize(
+    "B,H,H_KV,S_Q,S_KV,D,causal,layout",
+    [
+        pytest.param(1, 4, 2, 97, 97, 64, True, "bhsd", id="S97-GQA-causal"),
+        pytest.param(2, 2, 1, 33, 70, 48, True, "bhsd", id="SQ33-SKV70-D48-causal"),
+        pytest.param(1, 2, 2, 64, 50, 32, False, "bshd", id="SQ64-SKV50-bshd-full"),
+    ],
+)
+def test_dense_tma_equals_index_loads(B, H, H_KV, S_Q, S_KV, D, causal, layout):
+    q, k, v = make_qkv(B, H, H_KV, S_Q, S_KV, D, seed=S_Q, layout=layout)
+    run = [
+        _launch_attention_fwd(q, k, v, causal=causal, scale=D**-0.5, tma=tma)
+        for tma in (False, True)
+    ]
+    _same(*run)
+
+
+@needs_tma
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_block_sparse_tma_equals_index_loads(causal):
+    B, H, H_KV, S, D, blk = 1, 4, 2, 200, 64, 64
+    q, k, v = make_qkv(B, H, H_KV, S, S, D, seed=3)
+    nb = -(-S // blk)
+    g = torch.Generator().manual_seed(0)
+    sel = torch.rand(B, H, nb, nb, generator=g) < 0.5
+    order = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    num = sel.sum(-1, dtype=torch.int32)  # some rows list nothing: empty rows compare too
+    lists = (num.to(DEV), order.to(DEV), None, None)
+    run = [
+        _launch_block_sparse_fwd(
+            q, k, v, *lists, block_m=blk, block_n=blk, causal=causal, scale=D**-0.5, tma=tma
+        )
+        for tma in (False, True)
+    ]
+    _same(*run)
+
+
+def test_layout_rule():
+    t = torch.zeros(1, 2, 16, 64, dtype=torch.float16)
+    assert tma_layout_ok(t)
+    assert tma_layout_ok(t.transpose(1, 2).contiguous().transpose(1, 2))  # [B, S, H, D] storage
+    # a size-1 dim's stride is never used: an odd one does not matter
+    assert tma_layout_ok(
+        torch.zeros(16, 64, dtype=torch.float16).as_strided((1, 16, 64), (3, 64, 1))
+    )
+    assert not tma_layout_ok(torch.zeros(2, 16, 12, dtype=torch.float16)[..., :10])  # 20-byte rows
+    assert not tma_layout_ok(torch.zeros(2, 64, dtype=torch.float16).t())  # last stride 2
+    assert not tma_layout_ok(torch.zeros(2, 64, dtype=torch.float16)[:, 1:])  # 2-byte offset
+    assert not tma_layout_ok(torch.zeros(1, 64, dtype=torch.float16).expand(4, 64))  # stride 0
+    assert not tma_default(t)  # CPU tensors: index loads
+
+
+def test_tma_true_refuses_a_layout_it_cannot_load():
+    k = torch.zeros(1, 1, 16, 12, dtype=torch.float16)[..., :10]
+    with pytest.raises(ValueError, match=r"tma=True needs k .* got strides \(192, 192, 12, 1\)"):
+        kv_descriptors(k, k, block_n=16, block_d=16, tma=True, op="attention")
+    assert kv_descriptors(k, k, block_n=16, block_d=16, tma=False, op="attention") == (None, None)

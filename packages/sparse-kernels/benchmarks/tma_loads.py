@@ -3,10 +3,13 @@
 The launchers take ``tma=`` (``None`` picks the copy engine on compute capability 9.0 and later);
 this script runs each kernel both ways on one GPU, in one process, on the same inputs and the same
 launch config: the two outputs are compared (max abs difference, which should be 0 or a few
-bf16 ulps), then both are timed, interleaved, three times (CUDA-event medians in ms). Cases:
-dense causal attention and block-sparse attention (10% and 30% of the causal 128x128 blocks,
-random per head, like ``bench_block_sparse.py``) on the Qwen2.5-VL-7B shape (H=28, H_KV=4,
-D=128, bf16) at 32K and 128K; ``--all-configs`` also runs every tuning candidate at 32K.
+bf16 ulps), then both are timed, interleaved, three times (CUDA-event medians in ms). Cases, on
+the Qwen2.5-VL-7B shape (H=28, H_KV=4, D=128, bf16) at 32K and 128K: dense causal attention;
+block-sparse attention (10% and 30% of the causal 128x128 blocks, random per head, like
+``bench_block_sparse.py``); the vertical-slash kernel with 64x64 tiles on the indices of
+``bench_vertical_slash.py`` (1000 verticals, 6096 local / random / clustered slashes).
+``--all-configs`` also runs every tuning candidate of the dense and block-sparse kernels at 32K;
+``--ops`` picks the kernels.
 
     python packages/sparse-kernels/benchmarks/tma_loads.py --json tma.json
 """
@@ -19,12 +22,15 @@ import json
 import torch
 from sparse_kernels.attention import triton as dense_triton
 from sparse_kernels.benchmark_providers import qwen_inputs
-from sparse_kernels.benchmarking import cuda_time_ms, env_info
+from sparse_kernels.benchmarking import cuda_time_ms, env_info, vertical_slash_suite_indices
 from sparse_kernels.block_sparse import triton as bs_triton
+from sparse_kernels.vertical_slash import build_vertical_slash_index
+from sparse_kernels.vertical_slash.triton import _launch_vertical_slash_fwd
 
 BLOCK = 128
 SEQS = (32768, 131072)
 DENSITIES = (0.1, 0.3)
+OPS = ("dense", "block_sparse", "vertical_slash")
 
 
 def block_lists(S: int, H: int, density: float):
@@ -53,8 +59,8 @@ def ab(call, rep: int) -> dict:
     return r
 
 
-def run_length(S: int, all_configs: bool, res: dict) -> None:
-    """Every case at length ``S`` into ``res``."""
+def run_length(S: int, all_configs: bool, ops: list[str], res: dict) -> None:
+    """Every case of ``ops`` at length ``S`` into ``res``."""
     q, k, v = qwen_inputs(S)
     scale = q.shape[-1] ** -0.5
     rep = 20 if S <= 32768 else 5
@@ -71,12 +77,22 @@ def run_length(S: int, all_configs: bool, res: dict) -> None:
             config=cfg, tma=tma,
         )  # fmt: skip
 
-    for cfg in [None, *(dense_triton.SPEC.candidates if tune else ())]:
+    def vertical_slash(index):
+        return lambda tma: _launch_vertical_slash_fwd(q, k, v, index, scale=scale, tma=tma)
+
+    if "vertical_slash" in ops:
+        vert, kinds = vertical_slash_suite_indices(1, q.shape[1], S, 1000, 6096, device="cuda")
+        for kind, sl in kinds.items():
+            index = build_vertical_slash_index(vert, sl, seq_len=S, block_m=64, block_n=64)
+            key = f"vertical_slash-{S // 1024}K-{kind}-64x64"
+            res[key] = ab(vertical_slash(index), rep)
+            print(key, res[key], flush=True)
+    for cfg in [None, *(dense_triton.SPEC.candidates if tune else ())] if "dense" in ops else ():
         key = f"dense-{S // 1024}K-{cfg or 'table'}"
         res[key] = ab(dense(cfg), rep)
         print(key, res[key], flush=True)
     fitting = [c for c in bs_triton.SPEC.candidates if BLOCK % c["TILE_N"] == 0]
-    for density in DENSITIES:
+    for density in DENSITIES if "block_sparse" in ops else ():
         lists = block_lists(S, q.shape[1], density)
         for cfg in [None, *(fitting if tune else ())]:
             key = f"block_sparse-{S // 1024}K-{density}-{cfg or 'table'}"
@@ -88,10 +104,14 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", default="tma_loads.json")
     p.add_argument("--all-configs", action="store_true")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, of {OPS}")
     args = p.parse_args(argv)
+    ops = args.ops.split(",")
+    if not set(ops) <= set(OPS):
+        p.error(f"--ops: expected names from {OPS}, got {ops}")
     res = {"env": env_info()}
     for S in SEQS:
-        run_length(S, args.all_configs, res)
+        run_length(S, args.all_configs, ops, res)
         torch.cuda.empty_cache()
     with open(args.json, "w") as f:
         json.dump(res, f, indent=1)

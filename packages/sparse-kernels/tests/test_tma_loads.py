@@ -7,6 +7,8 @@ from sparse_kernels._triton.tma import kv_descriptors, tma_default, tma_layout_o
 from sparse_kernels.attention.triton import _launch_attention_fwd
 from sparse_kernels.block_sparse.triton import _launch_block_sparse_fwd
 from sparse_kernels.testing import default_device, make_qkv
+from sparse_kernels.vertical_slash import build_vertical_slash_index
+from sparse_kernels.vertical_slash.triton import _launch_vertical_slash_fwd
 
 DEV = default_device()
 needs_tma = pytest.mark.skipif(
@@ -79,3 +81,21 @@ def test_tma_true_refuses_a_layout_it_cannot_load():
     with pytest.raises(ValueError, match=r"tma=True needs k .* got strides \(192, 192, 12, 1\)"):
         kv_descriptors(k, k, block_n=16, block_d=16, tma=True, op="attention")
     assert kv_descriptors(k, k, block_n=16, block_d=16, tma=False, op="attention") == (None, None)
+
+
+@needs_tma
+@pytest.mark.parametrize("blocks", [(64, 64), (128, 64)], ids=["b64", "b128x64"])
+def test_vertical_slash_tma_equals_index_loads(blocks):
+    S = 300
+    q, k, v = make_qkv(1, 4, 2, S, S, 64, seed=7)
+    g = torch.Generator().manual_seed(1)
+    vert = torch.sort(torch.randperm(S, generator=g)[:12]).values.expand(1, 4, 12).contiguous()
+    offs = torch.cat([torch.arange(3), 3 + torch.randperm(S - 3, generator=g)[:6]])
+    slash = torch.sort(offs).values.expand(1, 4, 9).contiguous()
+    index = build_vertical_slash_index(
+        vert.to(DEV), slash.to(DEV), seq_len=S, block_m=blocks[0], block_n=blocks[1]
+    )
+    run = [
+        _launch_vertical_slash_fwd(q, k, v, index, scale=0.125, tma=tma) for tma in (False, True)
+    ]
+    _same(*run)

@@ -3,7 +3,8 @@
 One program per (query block, batch * head), heaviest (last) query blocks first. It walks the
 block's merged key-block ranges as dense tiles (no element mask strictly below the diagonal,
 causal mask on the diagonal tiles), then the leftover vertical columns, gathered TILE_N at a
-time through their indices (loaded once per chunk) with the causal mask.
+time through their indices (loaded once per chunk) with the causal mask. On Hopper and later the
+ranges' tiles come through the copy engine (``_triton/tma.py``).
 
 With ``MERGE`` the ranges have been attended by another engine (FA4's block-sparse kernel over
 the same tiles): the program starts its online softmax from that result (``lse`` as the running
@@ -19,6 +20,7 @@ import triton.language as tl
 
 from .._triton.config import FP32_CONFIG, block_d, on_interpreter
 from .._triton.inner import _attn_tile_inner, _finish_rows, _resume_rows
+from .._triton.tma import kv_descriptors
 from ..tuning import KernelSpec, LaunchConfig, choose_config
 
 # Launch configs: looked up per GPU, shape and length in the tuned tables (sparse_kernels.tuning);
@@ -41,7 +43,7 @@ SPEC = KernelSpec(
 @triton.jit
 def _vertical_slash_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
-    rcount_ptr, rstart_ptr, rend_ptr, ccount_ptr, cols_ptr,
+    rcount_ptr, rstart_ptr, rend_ptr, ccount_ptr, cols_ptr, k_desc, v_desc,
     stride_q_b, stride_q_h, stride_q_s, stride_q_d,
     stride_k_b, stride_k_h, stride_k_s, stride_k_d,
     stride_v_b, stride_v_h, stride_v_s, stride_v_d,
@@ -50,6 +52,7 @@ def _vertical_slash_fwd_kernel(
     R, C, H, GROUP, S, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_N: tl.constexpr, MERGE: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -99,13 +102,13 @@ def _vertical_slash_fwd_kernel(
             acc, l_i, m_i, q, k_base, v_base,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d,
             q_pos, offs_n, offs_d, lo, mid, S, qk_scale, 0, 0,
-            D, BLOCK_D, TILE_N, False, True, False, IEEE,
+            D, BLOCK_D, TILE_N, False, True, False, IEEE, k_desc, v_desc, b, h_kv, TMA,
         )  # fmt: skip
         acc, l_i, m_i = _attn_tile_inner(
             acc, l_i, m_i, q, k_base, v_base,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d,
             q_pos, offs_n, offs_d, mid, hi, S, qk_scale, 0, 0,
-            D, BLOCK_D, TILE_N, True, True, False, IEEE,
+            D, BLOCK_D, TILE_N, True, True, False, IEEE, k_desc, v_desc, b, h_kv, TMA,
         )  # fmt: skip
 
     n_cols = tl.load(ccount_ptr + row)
@@ -161,11 +164,15 @@ def _launch_vertical_slash_fwd(
     scale: float,
     config: LaunchConfig | None = None,
     merge_into: tuple[torch.Tensor, torch.Tensor] | None = None,
+    tma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
     the tuner run each candidate). ``merge_into``: ``(out [B, H, S, D], lse [B, H, S])``, any
     strides, holding the index's ranges already attended; only the columns are walked, and the
-    result is written over them (the kernel's ``MERGE``)."""
+    result is written over them (the kernel's ``MERGE``). ``tma``: load the ranges' K/V tiles
+    with the copy engine (True), with index loads (False), or as
+    :func:`~sparse_kernels._triton.tma.tma_default` picks (None); columns are gathered by index
+    either way, and ``MERGE`` walks no range."""
     B, H, S, D = q.shape
     H_KV = k.shape[1]
     if config is None:
@@ -180,16 +187,20 @@ def _launch_vertical_slash_fwd(
     else:
         out, lse = merge_into
     nqb = -(-S // index.block_m)
+    tile_n = _tile_n(q.dtype, index.block_n)
+    k_desc, v_desc = kv_descriptors(
+        k, v, block_n=tile_n, block_d=block_d(D), tma=False if merge_into else tma,
+        op="vertical_slash_attention",
+    )  # fmt: skip
     rs, re = index.range_start.contiguous(), index.range_end.contiguous()
     cols = index.columns.contiguous()
     _vertical_slash_fwd_kernel[(nqb, B * H)](
         q, k, v, out, lse,
         index.range_count.contiguous(), rs, re, index.column_count.contiguous(), cols,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+        k_desc, v_desc, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
         rs.shape[-1], cols.shape[-1], H, H // H_KV, S, scale,
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32,
-        BLOCK_M=index.block_m, BLOCK_N=index.block_n, TILE_N=_tile_n(q.dtype, index.block_n),
-        MERGE=merge_into is not None,
-        **config.launch_kwargs(),
+        BLOCK_M=index.block_m, BLOCK_N=index.block_n, TILE_N=tile_n,
+        MERGE=merge_into is not None, TMA=k_desc is not None, **config.launch_kwargs(),
     )  # fmt: skip
     return out, lse

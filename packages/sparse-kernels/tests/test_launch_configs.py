@@ -188,7 +188,7 @@ def test_launchers_look_up_their_key(monkeypatch):
         ),
         "permuted": (
             lambda: permuted_block_sparse_attention(q, k, v, plan, impl="triton"),
-            dict(variant="causal", blocks=(64, 64)),
+            dict(variant="causal-64x64", blocks=(64, 64)),
         ),
         "vertical_slash": (
             lambda: vertical_slash_attention(

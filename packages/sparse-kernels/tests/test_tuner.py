@@ -40,11 +40,12 @@ KERNEL_MODULES = {
     "line_scores": "sparse_kernels.estimate.triton",
 }
 # The variants each op is tuned for, in the order its case prepares them: the table variants its
-# launcher looks up in a prefill (vertical_slash: the planner's 64x64 tiles and 128x128 ones).
+# launcher looks up in a prefill (vertical_slash and permuted: the planner's 64x64 blocks and
+# 128x128 ones).
 VARIANTS = {
     "attention": ["causal"],
     "block_sparse": ["causal"],
-    "permuted": ["causal"],
+    "permuted": ["causal-64x64", "causal-128x128"],
     "triangle": [""],
     "vertical_slash": ["64x64", "128x128"],
     "line_scores": ["rows64"],

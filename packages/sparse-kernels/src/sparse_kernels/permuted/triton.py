@@ -539,7 +539,7 @@ def _launch_permuted_fwd(
     if config is None:
         config = choose_config(
             SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S_KV,
-            variant="causal" if causal else "full", blocks=blocks,
+            variant=f"{'causal' if causal else 'full'}-{block_m}x{block_n}", blocks=blocks,
         )  # fmt: skip
         config = _tiles_within_blocks(config, blocks)
     elif not _tiles_divide_blocks(config, blocks):

@@ -1,7 +1,8 @@
 """What the tuner times: one case per tuned op, built like the calls a prefill makes.
 
 A case turns a model's attention shape and a key length into a tuple of :class:`Prepared` calls,
-one per variant of the op that is tuned (one for every op but ``vertical_slash``): random inputs
+one per variant of the op that is tuned (one for every op but ``vertical_slash`` and
+``permuted``): random inputs
 with the structure of a real call (the block sizes, list densities and permutations the planners
 launch with), the lookup key the op's launcher asks ``choose_config`` for on those inputs
 (variant, blocks, length), and a function that launches the op's kernel with a given
@@ -14,10 +15,12 @@ The shapes, and where they come from:
 * ``block_sparse``: FlexAttention-style lists over 128x128 blocks, about 10% of the causal
   blocks per query block (plus the first and the diagonal block, as a causal ``create_block_mask``
   gives them: off-diagonal blocks full, the diagonal partial).
-* ``permuted``: a Grid head's plan at the MMInference planner's block (64x64,
-  ``sparse_patterns.plan_layer(block=64)``): rows and keys in grid order (stride = tokens per
-  frame), each query block listing the earlier blocks of its grid line and the first block, and
-  the blocks that are runs of the grid stride split off as the planner splits them.
+* ``permuted``: a Grid head's plan: rows and keys in grid order (stride = tokens per frame), each
+  query block listing the earlier blocks of its grid line and the first block, and the blocks
+  that are runs of the grid stride split off as the planner splits them; at two block sizes,
+  each its own table entry (variant ``"causal-64x64"``, ``"causal-128x128"``): the planner's
+  default 64x64 and the 128x128 of ``plan_layer(block=128)`` (``vlm-accel --block 128``). On an
+  H100 the two want different tiles (``results/grid/permuted-configs-H100-2026-11-26.json``).
 * ``triangle``: ``triangle_attention(sink=128, window=4096, last=128)``, TriangleMix's
   deep-layer shape at long context (the TTFT benchmark's). The table key has no sink or window,
   so this entry also serves ``triangle_mix.LayerPolicy``'s smaller default (sink 8, window
@@ -44,6 +47,7 @@ from .table import DTYPES
 
 PLANNER_BLOCK = 64  # sparse_patterns.plan_layer's block (block_m = block_n)
 VERTICAL_SLASH_BLOCKS = (PLANNER_BLOCK, 128)  # square tiles tuned for vertical_slash
+PERMUTED_BLOCKS = (PLANNER_BLOCK, 128)  # square blocks tuned for permuted
 BLOCK_SPARSE_BLOCK = 128
 BLOCK_SPARSE_DENSITY = 0.10
 TOKENS_PER_FRAME = 256  # Qwen2.5-VL: 448x448 frames after the 2x2 merge, the Grid stride
@@ -237,24 +241,28 @@ def grid_plan(H: int, S: int, block: int, stride: int, device):
     return perm, idx, cnt, rs, rc
 
 
-def _permuted(shape: TuneShape, S: int, device: torch.device) -> tuple[Prepared]:
+def _permuted(shape: TuneShape, S: int, device: torch.device) -> tuple[Prepared, ...]:
     from ..permuted.triton import _launch_permuted_fwd
     from ..sparse_plan import SparsePlan
 
     q, k, v = _qkv(shape, S, device)
-    blk = PLANNER_BLOCK
-    perm, idx, cnt, rs, rc = grid_plan(shape.heads, S, blk, TOKENS_PER_FRAME, device)
     step = torch.full((1, shape.heads), min(TOKENS_PER_FRAME, S), dtype=torch.int64, device=device)
     scale = _scale(shape)
-    plan = SparsePlan(
-        kv_indices=idx, kv_num_blocks=cnt, seq_lengths=(S, S), block_size=blk, q_perm=perm,
-        kv_perm=perm, kv_run_starts=rs, kv_run_counts=rc, kv_run_step=step, check_contents=False,
-    )  # fmt: skip
 
-    def run(config: LaunchConfig):
-        return _launch_permuted_fwd(q, k, v, plan, scale=scale, config=config)
+    def prepared(blk: int) -> Prepared:
+        perm, idx, cnt, rs, rc = grid_plan(shape.heads, S, blk, TOKENS_PER_FRAME, device)
+        plan = SparsePlan(
+            kv_indices=idx, kv_num_blocks=cnt, seq_lengths=(S, S), block_size=blk, q_perm=perm,
+            kv_perm=perm, kv_run_starts=rs, kv_run_counts=rc, kv_run_step=step,
+            check_contents=False,
+        )  # fmt: skip
 
-    return (Prepared("permuted", "causal", (blk, blk), S, run),)
+        def run(config: LaunchConfig):
+            return _launch_permuted_fwd(q, k, v, plan, scale=scale, config=config)
+
+        return Prepared("permuted", f"causal-{blk}x{blk}", (blk, blk), S, run)
+
+    return tuple(prepared(blk) for blk in PERMUTED_BLOCKS)
 
 
 # ---- triangle ----

@@ -138,7 +138,11 @@ def _permuted_blocks_inner(
     ``q_pair[row] + kv_modality[col]`` of the entry's int64 pair mask is set.
 
     One flat loop over (listed block, sub-tile) so that the compiler pipelines it like a dense
-    key loop (a nested loop with one inner iteration would not be pipelined).
+    key loop (a nested loop with one inner iteration would not be pipelined). Each list gets its
+    own loop, with its own shared-memory buffers: one loop over all three lists, choosing the
+    list per step, fits 128x128 tiles but ran 0.65x-0.74x as fast on 128x128 Grid plans at its
+    best config (H100, same process, ``results/grid/permuted-single-loop-ab-H100-2026-11-26.json``,
+    where ``new`` is that loop).
     """
     d_ok = offs_d < D
     n_sub = kv_block // BLOCK_N

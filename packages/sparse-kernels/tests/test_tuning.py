@@ -245,10 +245,14 @@ def test_a_longer_prompt_reuses_the_compiled_kernel(op, kernels):
 
     shape = TuneShape(28, 4, 128, "bfloat16")
     dev = torch.device("cuda")
-    (first,) = CASES[op].prepare(shape, 8192, dev)
-    first.run(None)
-    (second,) = CASES[op].prepare(shape, 32768, dev)
+    # One call per tuned variant (permuted: 64x64 and 128x128 blocks), each against its own.
+    firsts = CASES[op].prepare(shape, 8192, dev)
+    for first in firsts:
+        first.run(None)
+    seconds = CASES[op].prepare(shape, 32768, dev)
+    assert [p.variant for p in seconds] == [p.variant for p in firsts]
     with CompileLog() as log:
-        second.run(None)
+        for second in seconds:
+            second.run(None)
         torch.cuda.synchronize()
     assert not kernels & set(log.by_kernel()), log.by_kernel()

@@ -2,11 +2,11 @@
 
 A kernel that walks contiguous key tiles can load them with the copy engine instead of index
 loads: the tile arrives in shared memory without the threads computing its addresses, which frees
-registers and issue slots for the matrix work (on an H100, same launch configs and equal outputs:
-dense causal 1.04x-1.05x at 32K and 128K, block-sparse 1.08x-1.12x,
-``results/fa4/tma-loads-dense-block-sparse-H100-2026-11-26.json``). The copy engine needs a descriptor per
-tensor, built here on the host and passed to the kernel as an argument; it zero-fills what lies
-outside the tensor, as the index loads' masks do.
+registers and issue slots for the matrix work (on an H100, same launch configs and equal
+outputs: dense causal 1.04x-1.05x at 32K and 128K, block-sparse 1.08x-1.12x, vertical-slash
+1.02x-1.17x; ``docs/results.md``). The copy engine needs a descriptor per tensor, built here on
+the host and passed to the kernel as an argument; it zero-fills what lies outside the tensor, as
+the index loads' masks do.
 """
 
 from __future__ import annotations

@@ -267,7 +267,8 @@ def test_tiny_demo_single_process(tmp_path, capsys):
     assert (
         "rank 0: TTFT " in cap.out and "= vision " in cap.out and "(of which attention " in cap.out
     )
-    assert "spava-run: loading the tiny demo model on 1 rank(s), cpu ..." in cap.err
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert f"spava-run: loading the tiny demo model on 1 rank(s), {device} ..." in cap.err
     assert "spava-run: spava prefill, compiling kernels on first use ..." in cap.err
     res = json.loads(out.read_text())
     assert len(res["tokens"]) == 24 and res["hosts"] == 1

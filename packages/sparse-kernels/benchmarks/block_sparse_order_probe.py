@@ -30,7 +30,9 @@ DEV = "cuda"
 
 
 @triton.jit
-def _kern(
+def _tile(
+    bh,
+    pid_m,
     q_ptr,
     k_ptr,
     v_ptr,
@@ -87,20 +89,8 @@ def _kern(
     TILE_M: tl.constexpr,
     TILE_N: tl.constexpr,
     TMA: tl.constexpr,
-    ORDER: tl.constexpr,
 ):
     SUB: tl.constexpr = MASK_BM // TILE_M
-    if ORDER == 2:
-        pid = tl.program_id(0)
-        item = tl.load(sched_ptr + pid // SUB)
-        bh = item // NQB
-        pid_m = (item % NQB) * SUB + pid % SUB
-    elif ORDER == 1:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-        bh = tl.program_id(1)
-    else:
-        pid_m = tl.program_id(0)
-        bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     h_kv = h // GROUP
@@ -206,6 +196,275 @@ def _kern(
     tl.store(lse_ptr + bh.to(tl.int64) * S_Q + offs_m, lse, mask=row_ok)
 
 
+@triton.jit
+def _kern(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    lse_ptr,
+    num_ptr,
+    idx_ptr,
+    fnum_ptr,
+    fidx_ptr,
+    k_desc,
+    v_desc,
+    sched_ptr,
+    stride_q_b,
+    stride_q_h,
+    stride_q_s,
+    stride_q_d,
+    stride_k_b,
+    stride_k_h,
+    stride_k_s,
+    stride_k_d,
+    stride_v_b,
+    stride_v_h,
+    stride_v_s,
+    stride_v_d,
+    stride_o_b,
+    stride_o_h,
+    stride_o_s,
+    stride_o_d,
+    stride_n_b,
+    stride_n_h,
+    stride_n_m,
+    stride_i_b,
+    stride_i_h,
+    stride_i_m,
+    stride_fn_b,
+    stride_fn_h,
+    stride_fn_m,
+    stride_fi_b,
+    stride_fi_h,
+    stride_fi_m,
+    H,
+    GROUP,
+    S_Q,
+    S_KV,
+    NQB,
+    sm_scale,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,
+    HAS_FULL: tl.constexpr,
+    MASK_BM: tl.constexpr,
+    MASK_BN: tl.constexpr,
+    TILE_M: tl.constexpr,
+    TILE_N: tl.constexpr,
+    TMA: tl.constexpr,
+    ORDER: tl.constexpr,
+    N_ITEMS,
+):
+    SUB: tl.constexpr = MASK_BM // TILE_M
+    PER_HEAD = NQB * SUB
+    if ORDER == 3:
+        # Persistent, static: program p takes items p, p + P, ... (last query blocks first).
+        for i in range(tl.program_id(0), N_ITEMS, tl.num_programs(0)):
+            bh = i // PER_HEAD
+            pid_m = PER_HEAD - 1 - i % PER_HEAD
+            _tile(
+                bh,
+                pid_m,
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                out_ptr,
+                lse_ptr,
+                num_ptr,
+                idx_ptr,
+                fnum_ptr,
+                fidx_ptr,
+                k_desc,
+                v_desc,
+                sched_ptr,
+                stride_q_b,
+                stride_q_h,
+                stride_q_s,
+                stride_q_d,
+                stride_k_b,
+                stride_k_h,
+                stride_k_s,
+                stride_k_d,
+                stride_v_b,
+                stride_v_h,
+                stride_v_s,
+                stride_v_d,
+                stride_o_b,
+                stride_o_h,
+                stride_o_s,
+                stride_o_d,
+                stride_n_b,
+                stride_n_h,
+                stride_n_m,
+                stride_i_b,
+                stride_i_h,
+                stride_i_m,
+                stride_fn_b,
+                stride_fn_h,
+                stride_fn_m,
+                stride_fi_b,
+                stride_fi_h,
+                stride_fi_m,
+                H,
+                GROUP,
+                S_Q,
+                S_KV,
+                NQB,
+                sm_scale,
+                D,
+                BLOCK_D,
+                IS_CAUSAL,
+                IEEE,
+                HAS_FULL,
+                MASK_BM,
+                MASK_BN,
+                TILE_M,
+                TILE_N,
+                TMA,
+            )
+    elif ORDER == 4:
+        # Persistent, dynamic: each program takes the next item from a counter.
+        i = tl.atomic_add(sched_ptr, 1)
+        while i < N_ITEMS:
+            bh = i // PER_HEAD
+            pid_m = PER_HEAD - 1 - i % PER_HEAD
+            _tile(
+                bh,
+                pid_m,
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                out_ptr,
+                lse_ptr,
+                num_ptr,
+                idx_ptr,
+                fnum_ptr,
+                fidx_ptr,
+                k_desc,
+                v_desc,
+                sched_ptr,
+                stride_q_b,
+                stride_q_h,
+                stride_q_s,
+                stride_q_d,
+                stride_k_b,
+                stride_k_h,
+                stride_k_s,
+                stride_k_d,
+                stride_v_b,
+                stride_v_h,
+                stride_v_s,
+                stride_v_d,
+                stride_o_b,
+                stride_o_h,
+                stride_o_s,
+                stride_o_d,
+                stride_n_b,
+                stride_n_h,
+                stride_n_m,
+                stride_i_b,
+                stride_i_h,
+                stride_i_m,
+                stride_fn_b,
+                stride_fn_h,
+                stride_fn_m,
+                stride_fi_b,
+                stride_fi_h,
+                stride_fi_m,
+                H,
+                GROUP,
+                S_Q,
+                S_KV,
+                NQB,
+                sm_scale,
+                D,
+                BLOCK_D,
+                IS_CAUSAL,
+                IEEE,
+                HAS_FULL,
+                MASK_BM,
+                MASK_BN,
+                TILE_M,
+                TILE_N,
+                TMA,
+            )
+            i = tl.atomic_add(sched_ptr, 1)
+    else:
+        if ORDER == 2:
+            pid = tl.program_id(0)
+            item = tl.load(sched_ptr + pid // SUB)
+            bh = item // NQB
+            pid_m = (item % NQB) * SUB + pid % SUB
+        elif ORDER == 1:
+            pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+            bh = tl.program_id(1)
+        else:
+            pid_m = tl.program_id(0)
+            bh = tl.program_id(1)
+        _tile(
+            bh,
+            pid_m,
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            out_ptr,
+            lse_ptr,
+            num_ptr,
+            idx_ptr,
+            fnum_ptr,
+            fidx_ptr,
+            k_desc,
+            v_desc,
+            sched_ptr,
+            stride_q_b,
+            stride_q_h,
+            stride_q_s,
+            stride_q_d,
+            stride_k_b,
+            stride_k_h,
+            stride_k_s,
+            stride_k_d,
+            stride_v_b,
+            stride_v_h,
+            stride_v_s,
+            stride_v_d,
+            stride_o_b,
+            stride_o_h,
+            stride_o_s,
+            stride_o_d,
+            stride_n_b,
+            stride_n_h,
+            stride_n_m,
+            stride_i_b,
+            stride_i_h,
+            stride_i_m,
+            stride_fn_b,
+            stride_fn_h,
+            stride_fn_m,
+            stride_fi_b,
+            stride_fi_h,
+            stride_fi_m,
+            H,
+            GROUP,
+            S_Q,
+            S_KV,
+            NQB,
+            sm_scale,
+            D,
+            BLOCK_D,
+            IS_CAUSAL,
+            IEEE,
+            HAS_FULL,
+            MASK_BM,
+            MASK_BN,
+            TILE_M,
+            TILE_N,
+            TMA,
+        )
+
+
 def schedule(num, fnum, B, H, nqb):
     w = num.expand(B, H, nqb).to(torch.int32) + fnum.expand(B, H, nqb).to(torch.int32)
     return torch.argsort(w.reshape(-1), descending=True, stable=True).to(torch.int32)
@@ -229,10 +488,15 @@ def launch(q, k, v, num, idx, fnum, fidx, order, block=128, sched=None):
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
     nqb = -(-S_Q // block)
     sub = block // cfg["TILE_M"]
+    n_items = nqb * sub * B * H
     if order == 2:
         if sched is None:
             sched = schedule(num, fnum, B, H, nqb)
-        grid = (nqb * sub * B * H, 1)
+        grid = (n_items, 1)
+    elif order in (3, 4):
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        grid = (min(n_items, sms * (1 if cfg["TILE_M"] == 128 else 2)), 1)
+        sched = torch.zeros(1, dtype=torch.int32, device=q.device)
     else:
         sched = num
         grid = (nqb * sub, B * H)
@@ -272,6 +536,7 @@ def launch(q, k, v, num, idx, fnum, fidx, order, block=128, sched=None):
         MASK_BN=block,
         TMA=kd is not None,
         ORDER=order,
+        N_ITEMS=n_items,
         **cfg.launch_kwargs(),
     )
     return out, lse, cfg
@@ -291,7 +556,14 @@ def lists(S, H, dens, block=128, seed=0):
     return num, idx, fnum, fidx
 
 
-NAMES = {0: "natural", 1: "reversed_rows", 2: "lpt_with_sort", 3: "lpt_sched_given"}
+NAMES = {
+    0: "natural",
+    1: "reversed_rows",
+    2: "lpt_with_sort",
+    "2g": "lpt_sched_given",
+    3: "persistent_static",
+    4: "persistent_dynamic",
+}
 
 
 def run_length(S: int, H: int = 28) -> list[dict]:
@@ -308,14 +580,16 @@ def run_length(S: int, H: int = 28) -> list[dict]:
         L = lists(S, H, dens.to(DEV))
         ref = launch(q, k, v, *L, 0)
         r = {"S": S, "case": name, "config": str(ref[2])}
-        for o in (1, 2):
+        for o in (1, 2, 3, 4):
             r[f"diff_{o}"] = (launch(q, k, v, *L, o)[0].float() - ref[0].float()).abs().max().item()
         sched = schedule(L[0], L[2], 1, H, S // 128)
         calls = {
             0: lambda L=L: launch(q, k, v, *L, 0),
             1: lambda L=L: launch(q, k, v, *L, 1),
             2: lambda L=L: launch(q, k, v, *L, 2),
-            3: lambda L=L, sched=sched: launch(q, k, v, *L, 2, sched=sched),
+            "2g": lambda L=L, sched=sched: launch(q, k, v, *L, 2, sched=sched),
+            3: lambda L=L: launch(q, k, v, *L, 3),
+            4: lambda L=L: launch(q, k, v, *L, 4),
         }
         rep = 30 if S <= 32768 else 8
         for _ in range(3):

@@ -237,7 +237,9 @@ def launch(q, k, v, num, idx, fnum, fidx, order, block=128, sched=None):
         variant="causal",
         blocks=(block, block),
     )
-    kd, vd = kv_descriptors(k, v, block_n=cfg["TILE_N"], block_d=block_d(D), tma=None, op="x")
+    kd, vd = kv_descriptors(
+        k, v, block_n=cfg["TILE_N"], block_d=block_d(D), tma=None, op="block_sparse_order_probe"
+    )
     out = torch.empty_like(q)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
     nqb = -(-S_Q // block)
@@ -335,7 +337,10 @@ def run_length(S: int, H: int = 28) -> list[dict]:
         ref = launch(q, k, v, *L, 0)
         r = {"S": S, "case": name, "config": str(ref[2])}
         for o in (1, 2, 3, 4):
-            r[f"diff_{o}"] = (launch(q, k, v, *L, o)[0].float() - ref[0].float()).abs().max().item()
+            got = launch(q, k, v, *L, o)
+            r[f"diff_{o}"] = (got[0].float() - ref[0].float()).abs().max().item()
+            if r[f"diff_{o}"] != 0 or not torch.equal(got[1], ref[1]):
+                raise AssertionError(f"order {o} differs from order 0 ({name}, S={S}): {r}")
         sched = schedule(L[0], L[2], 1, H, S // 128)
         calls = {
             0: lambda L=L: launch(q, k, v, *L, 0),

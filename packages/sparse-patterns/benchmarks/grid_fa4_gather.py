@@ -16,7 +16,8 @@ FA4 cannot gather rows, so here the permutation is made outside it:
 
 Recorded: the outputs against the permuted kernel's, each step's time, FA4's kernel alone (also
 with every tile as a full block, to price the ``mask_mod``), and rates per listed tile over FA4's
-dense causal rate as in ``grid_engine_bound.py``. Medians of CUDA-event timings, two rounds.
+dense causal rate as in ``grid_engine_bound.py``. Each call is timed in two rounds (a CUDA-event
+median each); rates and ratios use the faster round.
 Needs ``sparse-kernels[hopper]`` and an sm90 GPU.
 
     python packages/sparse-patterns/benchmarks/grid_fa4_gather.py --json gather.json

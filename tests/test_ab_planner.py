@@ -135,7 +135,8 @@ def _copy_of_this_tree(root: pathlib.Path) -> pathlib.Path:
 
 # The script's CPU mode needs the Triton interpreter, which the root conftest sets only where no
 # CUDA GPU is; on a GPU machine (gpu-tests) the same tiny case runs compiled on the GPU.
-DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+DEVICE = "cuda" if ON_GPU else "cpu"
 TINY = ["--device", DEVICE, "--dtype", "float32", "--lengths", "256", "--reps", "1", "--warmup",
         "0", "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--tokens-per-frame", "16",
         "--block", "16"]  # fmt: skip

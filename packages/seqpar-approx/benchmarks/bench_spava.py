@@ -13,7 +13,8 @@ Modes (``--modes``, default all three):
   ``apb`` (no ZigZag, l_p = n/64), ``spava``, and the ablations ``spava-no-zigzag``,
   ``spava-no-overlap``, ``spava-no-fused`` (query rows projected in separate GEMMs), and Spava
   with sparse attention inside every host (``spava+trianglemix``, ``spava+mminference``,
-  ``spava+mminference+trianglemix``; patterns and policy in ``spava_sparse.py``, the prompt
+  ``spava+mminference+trianglemix``; patterns and policy in ``spava_sparse.py``, or the
+  MMInference heads of a pattern config with ``--config CFG``, e.g. a searched one; the prompt
   laid out as 64 text tokens, video frames of ``--tokens-per-frame`` tokens, the query). Each
   Spava method also records one extra (untimed) prefill split into sections per rank:
   attention, estimation, MLP, communication (``sections_per_rank``).
@@ -101,7 +102,7 @@ def layer_steps(args, name: str, m: dict, n: int, device) -> list:
     """Every layer's host attention step of a method (dense hosts unless sparse)."""
     sp = sparsity(
         name, m, tokens_per_frame=args.tokens_per_frame, smoke=args.smoke,
-        start_layer=args.start_layer,
+        start_layer=args.start_layer, config=args.pattern_config,
     )  # fmt: skip
     if sp is None:
         return [DENSE] * m["layers"]
@@ -470,6 +471,21 @@ def bench_vision(args, device, dtype, rank, H):
     return out
 
 
+def load_config(p: argparse.ArgumentParser, path: str, m: dict):
+    """``--config``: a ``PatternConfig`` of ``m``'s layers and heads, or a usage error (exit 2)
+    naming what was expected and what the file holds."""
+    from sparse_patterns import PatternConfig
+
+    try:
+        cfg = PatternConfig.load(path)
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
+        p.error(f"--config: expected a readable pattern config JSON, got {path!r} ({e})")
+    got, want = (cfg.num_layers, cfg.num_heads), (m["layers"], m["heads"])
+    if got != want:
+        p.error(f"--config: expected (layers, heads) = {want} of the model, got {got} in {path}")
+    return cfg
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seq-lens", default="65536,131072,262144")
@@ -488,6 +504,12 @@ def main(argv=None):
     p.add_argument("--tokens-per-frame", type=int, default=None, help="256 (smoke: 16)")
     p.add_argument("--start-layer", type=int, default=None, help="TriangleMix (default: L/2)")
     p.add_argument("--attention-layer", type=int, default=-1, help="sparse step in attention mode")
+    p.add_argument(
+        "--config",
+        metavar="CFG",
+        help="pattern config JSON of the MMInference hosts' heads (e.g. from the offline search), "
+        "of the model's layers and heads; default: the fixed mix of spava_sparse.py",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny CPU/gloo run to test the script")
     args = p.parse_args(argv)
     args.methods = [s for s in args.methods.split(",") if s]
@@ -495,6 +517,10 @@ def main(argv=None):
     if bad:
         p.error(f"--methods: unknown {bad}, expected a subset of {METHODS}")
     args.dense_ok = lambda n: n <= args.max_dense_len
+    m = dict(MODEL_SMOKE if args.smoke else MODEL_7B)
+    if args.layers:
+        m["layers"] = args.layers
+    args.pattern_config = None if args.config is None else load_config(p, args.config, m)
     # --smoke is a CPU/gloo dry run wherever it runs (a GPU machine with fewer GPUs than ranks too).
     on_gpu = torch.cuda.is_available() and not args.smoke
     rank, H = init_distributed(timeout_s=1800, backend=None if on_gpu else "gloo")
@@ -502,9 +528,6 @@ def main(argv=None):
         p.error("run under torchrun (e.g. torchrun --nproc-per-node 2 bench_spava.py)")
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    m = dict(MODEL_SMOKE if args.smoke else MODEL_7B)
-    if args.layers:
-        m["layers"] = args.layers
     if args.smoke:
         args.check_len = min(args.check_len, 512)
     if args.tokens_per_frame is None:
@@ -518,6 +541,7 @@ def main(argv=None):
         "model": m,
         "dtype": str(dtype),
         "query_len": args.query_len,
+        "head_config": "fixed mix (spava_sparse.py)" if args.config is None else args.config,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "results": [],
     }

@@ -40,18 +40,28 @@ def token_layout(n: int, query_len: int, *, tokens_per_frame: int, device) -> To
 
 
 def sparsity(
-    method: str, m: dict, *, tokens_per_frame: int, smoke: bool, start_layer: int | None = None
+    method: str,
+    m: dict,
+    *,
+    tokens_per_frame: int,
+    smoke: bool,
+    start_layer: int | None = None,
+    config: PatternConfig | None = None,
 ) -> HostSparsity | None:
-    """The :class:`HostSparsity` of a benchmark method name (None for dense hosts)."""
+    """The :class:`HostSparsity` of a benchmark method name (None for dense hosts). ``config``:
+    the MMInference layers' heads (a searched ``PatternConfig`` of the model's shape; None: the
+    fixed mix of :func:`head_mix` in every layer)."""
     if method not in SPARSE_METHODS:
         return None
     L = m["layers"]
     patterns = None
     if "mminference" in method:
-        heads = head_mix(m["heads"], tokens_per_frame=tokens_per_frame, smoke=smoke)
-        patterns = PatternConfig(
-            model_id="bench-shape", num_layers=L, num_heads=m["heads"], layers=(heads,) * L
-        )
+        patterns = config
+        if patterns is None:
+            heads = head_mix(m["heads"], tokens_per_frame=tokens_per_frame, smoke=smoke)
+            patterns = PatternConfig(
+                model_id="bench-shape", num_layers=L, num_heads=m["heads"], layers=(heads,) * L
+            )
     policy = None
     if "trianglemix" in method:
         start = L // 2 if start_layer is None else start_layer

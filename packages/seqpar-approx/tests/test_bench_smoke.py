@@ -59,3 +59,54 @@ def test_bench_script_smoke_sparse_hosts(tmp_path):
     assert r["ttft_s"] > 0 and len(r["sections_per_rank"]) == 2
     for sec in r["sections_per_rank"]:
         assert set(sec) == {"attention", "estimation", "mlp", "communication"}, sec
+
+
+def _smoke_config(path: Path, layers: int) -> None:
+    """A pattern config of the smoke model's heads (4), every head an exact A-shape."""
+    from sparse_patterns import AShape, HeadConfig, PatternConfig
+
+    heads = (HeadConfig(AShape(sink=8, window=64, exact=True)),) * 4
+    PatternConfig(
+        model_id="bench-smoke", num_layers=layers, num_heads=4, layers=(heads,) * layers
+    ).save(path)
+
+
+def test_bench_script_takes_a_pattern_config_for_the_mminference_hosts(tmp_path):
+    """--config replaces the fixed head mix: the run is checked against the simulation with the
+    config's heads and the report names the file."""
+    cfg = tmp_path / "cfg.json"
+    _smoke_config(cfg, layers=2)
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    out = tmp_path / "b.json"
+    cmd = [torchrun, "--nproc-per-node", "2", str(BENCH), "--smoke", "--seq-lens", "700"]
+    cmd += ["--reps", "1", "--warmup", "0", "--modes", "model", "--no-torch-cp", "--out", str(out)]
+    cmd += ["--methods", "spava+mminference", "--config", str(cfg)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    assert rep["head_config"] == str(cfg)
+    checked = {(c["method"], c["layer"]) for c in rep["checks"]}
+    assert ("spava+mminference", 0) in checked
+    assert all(c["max_abs_err"] < 1e-4 for c in rep["checks"]), rep["checks"]
+
+
+@pytest.mark.parametrize(
+    ("write", "expected"),
+    [
+        (
+            lambda p: _smoke_config(p, layers=3),
+            "expected (layers, heads) = (2, 4) of the model, got (3, 4)",
+        ),
+        (lambda p: p.write_text("{not json"), "expected a readable pattern config JSON"),
+    ],
+    ids=["wrong-shape", "not-json"],
+)
+def test_bench_script_rejects_a_config_before_starting(tmp_path, write, expected):
+    """A config that does not fit the model is a usage error (exit 2) raised while parsing,
+    before any process group starts (plain python, no torchrun)."""
+    cfg = tmp_path / "cfg.json"
+    write(cfg)
+    cmd = [sys.executable, str(BENCH), "--smoke", "--config", str(cfg)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert expected in proc.stderr

@@ -478,7 +478,7 @@ def load_config(p: argparse.ArgumentParser, path: str, m: dict):
 
     try:
         cfg = PatternConfig.load(path)
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
+    except (OSError, ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
         p.error(f"--config: expected a readable pattern config JSON, got {path!r} ({e})")
     got, want = (cfg.num_layers, cfg.num_heads), (m["layers"], m["heads"])
     if got != want:

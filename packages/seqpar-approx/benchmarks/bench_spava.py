@@ -14,8 +14,9 @@ Modes (``--modes``, default all three):
   ``spava-no-overlap``, ``spava-no-fused`` (query rows projected in separate GEMMs), and Spava
   with sparse attention inside every host (``spava+trianglemix``, ``spava+mminference``,
   ``spava+mminference+trianglemix``; patterns and policy in ``spava_sparse.py``, or the
-  MMInference heads of a pattern config with ``--config CFG``, e.g. a searched one; the prompt
-  laid out as 64 text tokens, video frames of ``--tokens-per-frame`` tokens, the query). Each
+  MMInference heads of a pattern config with ``--config CFG``, e.g. a searched one; ``--block``
+  sets their planner block and ``--prefix-blocks K`` makes their prefix keys block-sparse; the
+  prompt laid out as 64 text tokens, video frames of ``--tokens-per-frame`` tokens, the query). Each
   Spava method also records one extra (untimed) prefill split into sections per rank:
   attention, estimation, MLP, communication (``sections_per_rank``).
 * ``attention``: one attention layer alone (same shapes), per method; the sparse methods run
@@ -102,7 +103,8 @@ def layer_steps(args, name: str, m: dict, n: int, device) -> list:
     """Every layer's host attention step of a method (dense hosts unless sparse)."""
     sp = sparsity(
         name, m, tokens_per_frame=args.tokens_per_frame, smoke=args.smoke,
-        start_layer=args.start_layer, config=args.pattern_config,
+        start_layer=args.start_layer, config=args.pattern_config, block=args.block,
+        prefix_blocks=args.prefix_blocks,
     )  # fmt: skip
     if sp is None:
         return [DENSE] * m["layers"]
@@ -510,8 +512,25 @@ def main(argv=None):
         help="pattern config JSON of the MMInference hosts' heads (e.g. from the offline search), "
         "of the model's layers and heads; default: the fixed mix of spava_sparse.py",
     )
+    p.add_argument(
+        "--block",
+        type=int,
+        choices=(64, 128),
+        default=None,
+        help="the MMInference hosts' planner block (default 64; smoke: 16)",
+    )
+    p.add_argument(
+        "--prefix-blocks",
+        type=int,
+        metavar="K",
+        default=None,
+        help="the MMInference hosts attend K blocks of 64 prefix keys per head, chosen by "
+        "seqpar_approx.PrefixBlocks (default: every prefix key)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny CPU/gloo run to test the script")
     args = p.parse_args(argv)
+    if args.prefix_blocks is not None and args.prefix_blocks < 1:
+        p.error(f"--prefix-blocks: expected an int >= 1, got {args.prefix_blocks}")
     args.methods = [s for s in args.methods.split(",") if s]
     bad = [s for s in args.methods if s not in METHODS]
     if bad:
@@ -542,6 +561,8 @@ def main(argv=None):
         "dtype": str(dtype),
         "query_len": args.query_len,
         "head_config": "fixed mix (spava_sparse.py)" if args.config is None else args.config,
+        "mminference_block": args.block or (16 if args.smoke else 64),
+        "prefix_blocks": args.prefix_blocks,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "results": [],
     }

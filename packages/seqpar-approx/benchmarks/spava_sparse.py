@@ -9,7 +9,7 @@ below ``start_layer`` (half the layers by default), triangle (sink 8, window 512
 
 from __future__ import annotations
 
-from seqpar_approx import HostSparsity
+from seqpar_approx import HostSparsity, PrefixBlocks
 from sparse_patterns import AShape, Grid, HeadConfig, PatternConfig, TokenLayout, VerticalSlash
 from triangle_mix import LayerPolicy
 
@@ -47,10 +47,15 @@ def sparsity(
     smoke: bool,
     start_layer: int | None = None,
     config: PatternConfig | None = None,
+    block: int | None = None,
+    prefix_blocks: int | None = None,
 ) -> HostSparsity | None:
     """The :class:`HostSparsity` of a benchmark method name (None for dense hosts). ``config``:
     the MMInference layers' heads (a searched ``PatternConfig`` of the model's shape; None: the
-    fixed mix of :func:`head_mix` in every layer)."""
+    fixed mix of :func:`head_mix` in every layer). ``block``: the MMInference planner's block
+    (None: 16 for the smoke shape, else 64). ``prefix_blocks``: the MMInference layers attend
+    that many 64-key blocks of the prefix per head (``PrefixBlocks(top_k=prefix_blocks)``;
+    None: every prefix key)."""
     if method not in SPARSE_METHODS:
         return None
     L = m["layers"]
@@ -68,4 +73,9 @@ def sparsity(
         shallow = "dynamic" if patterns is not None else "dense"
         shape = dict(sink=8, window=64) if smoke else dict(sink=8, window=512)
         policy = LayerPolicy.triangle_from(L, start, shallow=shallow, **shape)
-    return HostSparsity(patterns=patterns, policy=policy, block=16 if smoke else 64)
+    if block is None:
+        block = 16 if smoke else 64
+    prefix = None
+    if prefix_blocks is not None and patterns is not None:
+        prefix = PrefixBlocks(top_k=prefix_blocks)
+    return HostSparsity(patterns=patterns, policy=policy, block=block, prefix=prefix)

@@ -42,16 +42,18 @@ def test_bench_script_smoke(tmp_path):
 
 
 def test_bench_script_smoke_sparse_hosts(tmp_path):
-    """Spava with MMInference + TriangleMix hosts: checked against the simulation at the first
-    (MMInference) and last (triangle) layer, timed, and split into sections per rank."""
+    """Spava with MMInference + TriangleMix hosts (a block-sparse prefix): checked against the
+    simulation at the first (MMInference) and last (triangle) layer, timed, and split into
+    sections per rank."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     out = tmp_path / "b.json"
     cmd = [torchrun, "--nproc-per-node", "2", str(BENCH), "--smoke", "--seq-lens", "700"]
     cmd += ["--reps", "1", "--warmup", "0", "--modes", "model", "--no-torch-cp", "--out", str(out)]
-    cmd += ["--methods", "spava,spava+mminference+trianglemix"]
+    cmd += ["--methods", "spava,spava+mminference+trianglemix", "--prefix-blocks", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rep = json.loads(out.read_text())
+    assert (rep["mminference_block"], rep["prefix_blocks"]) == (16, 1)
     checked = {(c["method"], c["layer"]) for c in rep["checks"]}
     assert {("spava+mminference+trianglemix", 0), ("spava+mminference+trianglemix", 1)} <= checked
     assert all(c["max_abs_err"] < 1e-4 for c in rep["checks"]), rep["checks"]
@@ -108,5 +110,22 @@ def test_bench_script_rejects_a_config_before_starting(tmp_path, write, expected
     write(cfg)
     cmd = [sys.executable, str(BENCH), "--smoke", "--config", str(cfg)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert expected in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--prefix-blocks", "0"], "--prefix-blocks: expected an int >= 1, got 0"),
+        (["--block", "32"], "--block: invalid choice: 32"),
+    ],
+    ids=["prefix-blocks", "block"],
+)
+def test_bench_script_rejects_bad_sparse_options_before_starting(args, expected):
+    """Out-of-range sparse-host options are usage errors (exit 2) before any process group."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", *args], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert expected in proc.stderr

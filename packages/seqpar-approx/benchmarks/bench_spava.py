@@ -15,8 +15,9 @@ Modes (``--modes``, default all three):
   with sparse attention inside every host (``spava+trianglemix``, ``spava+mminference``,
   ``spava+mminference+trianglemix``; patterns and policy in ``spava_sparse.py``, or the
   MMInference heads of a pattern config with ``--config CFG``, e.g. a searched one; ``--block``
-  sets their planner block and ``--prefix-blocks K`` makes their prefix keys block-sparse; the
-  prompt laid out as 64 text tokens, video frames of ``--tokens-per-frame`` tokens, the query). Each
+  sets their planner block, ``--prefix-blocks K`` makes their prefix keys block-sparse and
+  ``--dense-rows N`` runs their segments of at most N rows dense; the prompt laid out as 64 text
+  tokens, video frames of ``--tokens-per-frame`` tokens, the query). Each
   Spava method also records one extra (untimed) prefill split into sections per rank:
   attention, estimation, MLP, communication (``sections_per_rank``).
 * ``attention``: one attention layer alone (same shapes), per method; the sparse methods run
@@ -104,7 +105,7 @@ def layer_steps(args, name: str, m: dict, n: int, device) -> list:
     sp = sparsity(
         name, m, tokens_per_frame=args.tokens_per_frame, smoke=args.smoke,
         start_layer=args.start_layer, config=args.pattern_config, block=args.block,
-        prefix_blocks=args.prefix_blocks,
+        prefix_blocks=args.prefix_blocks, dense_rows=args.dense_rows,
     )  # fmt: skip
     if sp is None:
         return [DENSE] * m["layers"]
@@ -527,8 +528,18 @@ def main(argv=None):
         help="the MMInference hosts attend K blocks of 64 prefix keys per head, chosen by "
         "seqpar_approx.PrefixBlocks (default: every prefix key)",
     )
+    p.add_argument(
+        "--dense-rows",
+        type=int,
+        metavar="N",
+        default=0,
+        help="the MMInference hosts attend segments of at most N rows (e.g. the anchor) densely, "
+        "unplanned (default 0: only those of one block)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny CPU/gloo run to test the script")
     args = p.parse_args(argv)
+    if args.dense_rows < 0:
+        p.error(f"--dense-rows: expected an int >= 0, got {args.dense_rows}")
     if args.prefix_blocks is not None and args.prefix_blocks < 1:
         p.error(f"--prefix-blocks: expected an int >= 1, got {args.prefix_blocks}")
     args.methods = [s for s in args.methods.split(",") if s]
@@ -563,6 +574,7 @@ def main(argv=None):
         "head_config": "fixed mix (spava_sparse.py)" if args.config is None else args.config,
         "mminference_block": args.block or (16 if args.smoke else 64),
         "prefix_blocks": args.prefix_blocks,
+        "dense_rows": args.dense_rows,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "results": [],
     }

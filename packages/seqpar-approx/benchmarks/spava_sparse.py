@@ -49,13 +49,15 @@ def sparsity(
     config: PatternConfig | None = None,
     block: int | None = None,
     prefix_blocks: int | None = None,
+    dense_rows: int = 0,
 ) -> HostSparsity | None:
     """The :class:`HostSparsity` of a benchmark method name (None for dense hosts). ``config``:
     the MMInference layers' heads (a searched ``PatternConfig`` of the model's shape; None: the
     fixed mix of :func:`head_mix` in every layer). ``block``: the MMInference planner's block
     (None: 16 for the smoke shape, else 64). ``prefix_blocks``: the MMInference layers attend
     that many 64-key blocks of the prefix per head (``PrefixBlocks(top_k=prefix_blocks)``;
-    None: every prefix key)."""
+    None: every prefix key). ``dense_rows``: the MMInference hosts attend segments of at most
+    that many rows densely (``HostSparsity.dense_rows``)."""
     if method not in SPARSE_METHODS:
         return None
     L = m["layers"]
@@ -78,4 +80,7 @@ def sparsity(
     prefix = None
     if prefix_blocks is not None and patterns is not None:
         prefix = PrefixBlocks(top_k=prefix_blocks)
-    return HostSparsity(patterns=patterns, policy=policy, block=block, prefix=prefix)
+    dense_rows = dense_rows if patterns is not None else 0
+    return HostSparsity(
+        patterns=patterns, policy=policy, block=block, prefix=prefix, dense_rows=dense_rows
+    )

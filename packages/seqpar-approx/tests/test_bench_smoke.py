@@ -53,7 +53,7 @@ def test_bench_script_smoke_sparse_hosts(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rep = json.loads(out.read_text())
-    assert (rep["mminference_block"], rep["prefix_blocks"]) == (16, 1)
+    assert (rep["mminference_block"], rep["prefix_blocks"], rep["dense_rows"]) == (16, 1, 0)
     checked = {(c["method"], c["layer"]) for c in rep["checks"]}
     assert {("spava+mminference+trianglemix", 0), ("spava+mminference+trianglemix", 1)} <= checked
     assert all(c["max_abs_err"] < 1e-4 for c in rep["checks"]), rep["checks"]
@@ -119,8 +119,9 @@ def test_bench_script_rejects_a_config_before_starting(tmp_path, write, expected
     [
         (["--prefix-blocks", "0"], "--prefix-blocks: expected an int >= 1, got 0"),
         (["--block", "32"], "--block: invalid choice: 32"),
+        (["--dense-rows", "-1"], "--dense-rows: expected an int >= 0, got -1"),
     ],
-    ids=["prefix-blocks", "block"],
+    ids=["prefix-blocks", "block", "dense-rows"],
 )
 def test_bench_script_rejects_bad_sparse_options_before_starting(args, expected):
     """Out-of-range sparse-host options are usage errors (exit 2) before any process group."""

@@ -252,3 +252,38 @@ def test_distributed_matches_simulation(dist_results, name):
     got_lse = layout.unshard([r[i][1] for r in res], dim=2)
     torch.testing.assert_close(got_out, ref.out, **FP32)
     torch.testing.assert_close(got_lse, ref.lse, **FP32)
+
+
+@pytest.mark.parametrize("dense_rows", [255, 256])
+def test_mminference_step_attends_segments_up_to_dense_rows_densely(monkeypatch, dense_rows):
+    """A segment of at most ``dense_rows`` rows is not planned and gives DenseHost's result
+    exactly; one row more and it is planned."""
+    S = 256
+    host = MMInferenceHost(
+        case_heads(4), token_layout=case_token_layout(S), block=64, dense_rows=dense_rows
+    )
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, S, 16, generator=g)
+    k, v = torch.randn(2, 1, 2, S, 16, generator=g)
+    kp, vp = torch.randn(2, 1, 2, 40, 16, generator=g)
+    planned = []
+    plan = host.planner.plan
+    monkeypatch.setattr(host.planner, "plan", lambda *a, **kw: planned.append(1) or plan(*a, **kw))
+    got = host(q, k, v, kp, vp, start=0, scale=0.25, impl="reference")
+    if dense_rows >= S:
+        ref = DENSE(q, k, v, kp, vp, start=0, scale=0.25, impl="reference")
+        assert planned == [] and torch.equal(got.out, ref.out) and torch.equal(got.lse, ref.lse)
+    else:
+        assert planned == [1]
+
+
+def test_dense_rows_must_be_a_non_negative_int():
+    from sparse_patterns import PatternConfig
+
+    with pytest.raises(
+        ValueError, match="MMInferenceHost.dense_rows: expected an int >= 0, got -1"
+    ):
+        MMInferenceHost(case_heads(2), dense_rows=-1)
+    patterns = PatternConfig(model_id="m", num_layers=1, num_heads=2, layers=(case_heads(2),))
+    with pytest.raises(ValueError, match="HostSparsity.dense_rows: expected an int >= 0, got 1.5"):
+        HostSparsity(patterns=patterns, dense_rows=1.5)

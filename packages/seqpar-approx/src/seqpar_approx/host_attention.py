@@ -21,8 +21,8 @@ A step is any :class:`HostAttention`. The three here, and exactly what a row att
   ``sparse_patterns.MMInferencePlanner`` for the layer's per-head patterns, estimated on the segment's
   rows with the global modality of its tokens (``token_layout[start : start + S]``). The two
   partials are merged by LSE, so the result is exact for that key set. A segment of at most
-  ``block`` rows (one block of the plan, e.g. a short anchor) attends its own keys densely
-  (causally): there is nothing to estimate at that size.
+  ``max(block, dense_rows)`` rows (one block of the plan, or a segment whose planning costs more
+  than dense attention over it, e.g. Spava's anchor) attends its own keys densely (causally).
 
 :class:`HostSparsity` picks the step of each layer from a ``PatternConfig`` (MMInference) and/or a
 ``LayerPolicy`` (TriangleMix: ``"dense"``, ``"triangle"``/``"streaming"``, and ``"dynamic"`` =
@@ -137,6 +137,10 @@ class MMInferenceHost:
     :class:`HostSparsity` gives every layer's host its own one, so that what the planner keeps
     per shape (the Grid heads' CUDA graphs) serves every layer.
     ``prefix``: a :class:`~seqpar_approx.prefix_blocks.PrefixBlocks` (None: every prefix key).
+    ``dense_rows``: segments of at most this many rows attend their own keys densely, unplanned
+    (0: only those of at most ``block`` rows). Planning a layer's mixed heads costs about 10 ms
+    on an H100 whatever the segment's length (mostly host work between its reads of the GPU),
+    and dense causal attention over 4096 rows about 0.5 ms.
     """
 
     heads: tuple
@@ -144,6 +148,7 @@ class MMInferenceHost:
     block: int = 64
     planner: object = field(default=None, compare=False, repr=False)
     prefix: PrefixBlocks | None = None
+    dense_rows: int = 0
 
     def __post_init__(self) -> None:
         sp = _require("sparse_patterns")
@@ -164,6 +169,9 @@ class MMInferenceHost:
             )
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
             raise ValueError(f"MMInferenceHost.block: expected an int >= 1, got {self.block!r}")
+        n = self.dense_rows
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"MMInferenceHost.dense_rows: expected an int >= 0, got {n!r}")
         if self.planner is None:
             object.__setattr__(self, "planner", sp.MMInferencePlanner(block=self.block))
         elif not isinstance(self.planner, sp.MMInferencePlanner):
@@ -235,7 +243,7 @@ class MMInferenceHost:
         self, q, k, v, k_prefix, v_prefix, *, start, scale, impl, timer=None
     ) -> AttentionOutput:
         self._check_heads(q)
-        short = q.shape[2] <= self.block
+        short = q.shape[2] <= max(self.block, self.dense_rows)
         if short and self.prefix is None:
             return DENSE(q, k, v, k_prefix, v_prefix, start=start, scale=scale, impl=impl)
         if short:
@@ -266,13 +274,15 @@ class HostSparsity:
 
     ``patterns`` is a ``sparse_patterns.PatternConfig``; ``policy`` a ``triangle_mix.LayerPolicy``;
     ``prefix``: the :class:`~seqpar_approx.prefix_blocks.PrefixBlocks` of the MMInference layers
-    (None: they attend every prefix key).
+    (None: they attend every prefix key). ``dense_rows``: :class:`MMInferenceHost`'s, for every
+    MMInference layer.
     """
 
     patterns: object = None
     policy: object = None
     block: int = 64
     prefix: PrefixBlocks | None = None
+    dense_rows: int = 0
 
     def __post_init__(self) -> None:
         PatternConfig = _require("sparse_patterns").PatternConfig
@@ -304,6 +314,9 @@ class HostSparsity:
                 "HostSparsity: prefix is the MMInference layers' setting, expected patterns (a "
                 "PatternConfig) with it, got None"
             )
+        n = self.dense_rows
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"HostSparsity.dense_rows: expected an int >= 0, got {n!r}")
         both = self.policy is not None and self.patterns is not None
         if both and self.policy.num_layers != self.patterns.num_layers:
             raise ValueError(
@@ -329,7 +342,7 @@ class HostSparsity:
             return TriangleHost(sink=self.policy.sink, window=self.policy.window)
         return MMInferenceHost(
             self.patterns.layer(layer_idx), token_layout=token_layout, block=self.block,
-            planner=self.planner, prefix=self.prefix,
+            planner=self.planner, prefix=self.prefix, dense_rows=self.dense_rows,
         )  # fmt: skip
 
     @functools.cached_property

@@ -67,6 +67,19 @@ def _usage_error(argv, monkeypatch, capsys):
             id="prefix-unused",
         ),
         pytest.param(
+            ["--sparse", "trianglemix", "--dense-rows", "4096"],
+            2,
+            "--dense-rows: expected with --sparse mminference or mminference+trianglemix, got "
+            "--sparse trianglemix",
+            id="dense-rows-unused",
+        ),
+        pytest.param(
+            ["--sparse", "mminference", "--config", "{tmp}/c.json", "--dense-rows", "-1"],
+            2,
+            "argument --dense-rows: expected an integer >= 0, got -1",
+            id="dense-rows-negative",
+        ),
+        pytest.param(
             ["--sparse", "mminference", "--config", "{tmp}/c.json", "--prefix-blocks", "0"],
             2,
             "argument --prefix-blocks: expected an integer >= 1, got 0",
@@ -159,3 +172,15 @@ def test_prefix_blocks_reach_the_mminference_layers(tmp_path):
     argv = ["--tiny-demo", "--sparse", "mminference", "--config", str(cfg), "--prefix-blocks", "3"]
     args = build_parser().parse_args(argv)
     assert sparsity_for(args, tiny_qwen2_5_vl_config()).prefix == PrefixBlocks(top_k=3)
+
+
+def test_dense_rows_reach_the_mminference_layers(tmp_path):
+    from seqpar_approx.integrations.hf import tiny_qwen2_5_vl_config
+    from spava_run.parser import build_parser
+    from spava_run.sparse import sparsity_for
+
+    cfg = tmp_path / "p.json"
+    _tiny_patterns(cfg)
+    argv = ["--tiny-demo", "--sparse", "mminference", "--config", str(cfg), "--dense-rows", "96"]
+    sp = sparsity_for(build_parser().parse_args(argv), tiny_qwen2_5_vl_config())
+    assert sp.dense_rows == 96 and sp.for_layer(0).dense_rows == 96

@@ -160,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="MMInference hosts attend K key blocks of 64 per head of their prefix (anchor and "
         "passing keys), chosen from the segment's last rows (default: every prefix key)",
     )
+    p.add_argument(
+        "--dense-rows",
+        type=_int_at_least(0),
+        default=None,
+        metavar="N",
+        help="MMInference hosts attend their segments of at most N rows (e.g. the anchor) "
+        "densely instead of planning them (default: only segments of one block)",
+    )
     p.add_argument("--no-overlap", action="store_true", help="ablation: synchronous collectives")
     p.add_argument(
         "--no-frame-parallel", action="store_true", help="ablation: every rank encodes all frames"

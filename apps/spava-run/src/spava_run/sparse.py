@@ -1,5 +1,5 @@
-"""``--sparse``, ``--config``, ``--start-layer`` and ``--prefix-blocks``: their checks before torch
-loads, and the ``seqpar_approx.HostSparsity`` they map to once the model's config is known."""
+"""``--sparse``, ``--config``, ``--start-layer``, ``--prefix-blocks`` and ``--dense-rows``: their
+checks before torch loads, and the ``seqpar_approx.HostSparsity`` they map to once the model's config is known."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def _one_line(e: BaseException) -> str:
 
 
 def check_sparse_args(args: argparse.Namespace) -> None:
-    """``--sparse``, ``--config``, ``--start-layer``: combinations (exit 2) and the config file
+    """``--sparse``, ``--config``, ``--start-layer``, ``--prefix-blocks``, ``--dense-rows``:
+    combinations (exit 2) and the config file
     (exit 3: missing, unreadable or not JSON; its schema is read once torch is imported)."""
     sparse = args.sparse
     if sparse is not None and args.method != "spava":
@@ -44,12 +45,13 @@ def check_sparse_args(args: argparse.Namespace) -> None:
             f"got --sparse {sparse}",
             EXIT_USAGE,
         )
-    if args.prefix_blocks is not None and not wants_config:
-        raise CliError(
-            f"--prefix-blocks: expected with --sparse mminference or mminference+trianglemix, got "
-            f"--sparse {sparse}",
-            EXIT_USAGE,
-        )
+    for flag, val in (("--prefix-blocks", args.prefix_blocks), ("--dense-rows", args.dense_rows)):
+        if val is not None and not wants_config:
+            raise CliError(
+                f"{flag}: expected with --sparse mminference or mminference+trianglemix, got "
+                f"--sparse {sparse}",
+                EXIT_USAGE,
+            )
     if args.config is not None:
         path = Path(args.config)
         if not path.is_file():
@@ -94,7 +96,8 @@ def sparsity_for(args, model_config):
         shallow = "dynamic" if patterns is not None else "dense"
         policy = LayerPolicy.triangle_from(n_layers, start, shallow=shallow)
     prefix = None if args.prefix_blocks is None else PrefixBlocks(top_k=args.prefix_blocks)
-    return HostSparsity(patterns=patterns, policy=policy, prefix=prefix)
+    dense_rows = 0 if args.dense_rows is None else args.dense_rows
+    return HostSparsity(patterns=patterns, policy=policy, prefix=prefix, dense_rows=dense_rows)
 
 
 def model_config(args):

@@ -474,6 +474,21 @@ def bench_vision(args, device, dtype, rank, H):
     return out
 
 
+def mminference_hosts(args, m: dict) -> dict | None:
+    """The planner block, prefix blocks and dense rows of the MMInference hosts, as built (None
+    when no method runs them)."""
+    name = next((x for x in args.methods if "mminference" in x), None)
+    if name is None:
+        return None
+    sp = sparsity(
+        name, m, tokens_per_frame=args.tokens_per_frame, smoke=args.smoke,
+        start_layer=args.start_layer, config=args.pattern_config, block=args.block,
+        prefix_blocks=args.prefix_blocks, dense_rows=args.dense_rows,
+    )  # fmt: skip
+    top_k = None if sp.prefix is None else sp.prefix.top_k
+    return {"block": sp.block, "prefix_blocks": top_k, "dense_rows": sp.dense_rows}
+
+
 def load_config(p: argparse.ArgumentParser, path: str, m: dict):
     """``--config``: a ``PatternConfig`` of ``m``'s layers and heads, or a usage error (exit 2)
     naming what was expected and what the file holds."""
@@ -546,6 +561,12 @@ def main(argv=None):
     bad = [s for s in args.methods if s not in METHODS]
     if bad:
         p.error(f"--methods: unknown {bad}, expected a subset of {METHODS}")
+    mm = [x for x in args.methods if "mminference" in x]
+    for flag, val in (("--prefix-blocks", args.prefix_blocks), ("--dense-rows", args.dense_rows)):
+        if val and not mm:
+            p.error(
+                f"{flag}: expected a spava+mminference method in --methods, got {','.join(args.methods)}"
+            )
     args.dense_ok = lambda n: n <= args.max_dense_len
     m = dict(MODEL_SMOKE if args.smoke else MODEL_7B)
     if args.layers:
@@ -572,9 +593,7 @@ def main(argv=None):
         "dtype": str(dtype),
         "query_len": args.query_len,
         "head_config": "fixed mix (spava_sparse.py)" if args.config is None else args.config,
-        "mminference_block": args.block or (16 if args.smoke else 64),
-        "prefix_blocks": args.prefix_blocks,
-        "dense_rows": args.dense_rows,
+        "mminference_hosts": mminference_hosts(args, m),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "results": [],
     }

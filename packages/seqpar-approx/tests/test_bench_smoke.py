@@ -42,18 +42,19 @@ def test_bench_script_smoke(tmp_path):
 
 
 def test_bench_script_smoke_sparse_hosts(tmp_path):
-    """Spava with MMInference + TriangleMix hosts (a block-sparse prefix): checked against the
-    simulation at the first (MMInference) and last (triangle) layer, timed, and split into
-    sections per rank."""
+    """Spava with MMInference + TriangleMix hosts (a block-sparse prefix, the short anchor
+    dense): checked against the simulation at the first (MMInference) and last (triangle) layer,
+    timed, and split into sections per rank."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     out = tmp_path / "b.json"
     cmd = [torchrun, "--nproc-per-node", "2", str(BENCH), "--smoke", "--seq-lens", "700"]
     cmd += ["--reps", "1", "--warmup", "0", "--modes", "model", "--no-torch-cp", "--out", str(out)]
     cmd += ["--methods", "spava,spava+mminference+trianglemix", "--prefix-blocks", "1"]
+    cmd += ["--dense-rows", "96"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rep = json.loads(out.read_text())
-    assert (rep["mminference_block"], rep["prefix_blocks"], rep["dense_rows"]) == (16, 1, 0)
+    assert rep["mminference_hosts"] == {"block": 16, "prefix_blocks": 1, "dense_rows": 96}
     checked = {(c["method"], c["layer"]) for c in rep["checks"]}
     assert {("spava+mminference+trianglemix", 0), ("spava+mminference+trianglemix", 1)} <= checked
     assert all(c["max_abs_err"] < 1e-4 for c in rep["checks"]), rep["checks"]
@@ -120,8 +121,12 @@ def test_bench_script_rejects_a_config_before_starting(tmp_path, write, expected
         (["--prefix-blocks", "0"], "--prefix-blocks: expected an int >= 1, got 0"),
         (["--block", "32"], "--block: invalid choice: 32"),
         (["--dense-rows", "-1"], "--dense-rows: expected an int >= 0, got -1"),
+        (
+            ["--dense-rows", "4096", "--methods", "spava,spava+trianglemix"],
+            "--dense-rows: expected a spava+mminference method in --methods",
+        ),
     ],
-    ids=["prefix-blocks", "block", "dense-rows"],
+    ids=["prefix-blocks", "block", "dense-rows", "dense-rows-without-mminference"],
 )
 def test_bench_script_rejects_bad_sparse_options_before_starting(args, expected):
     """Out-of-range sparse-host options are usage errors (exit 2) before any process group."""

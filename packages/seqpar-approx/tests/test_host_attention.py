@@ -277,7 +277,7 @@ def test_mminference_step_attends_segments_up_to_dense_rows_densely(monkeypatch,
         assert planned == [1]
 
 
-def test_dense_rows_must_be_a_non_negative_int():
+def test_dense_rows_must_be_a_non_negative_int_for_mminference_layers():
     from sparse_patterns import PatternConfig
 
     with pytest.raises(
@@ -287,3 +287,7 @@ def test_dense_rows_must_be_a_non_negative_int():
     patterns = PatternConfig(model_id="m", num_layers=1, num_heads=2, layers=(case_heads(2),))
     with pytest.raises(ValueError, match="HostSparsity.dense_rows: expected an int >= 0, got 1.5"):
         HostSparsity(patterns=patterns, dense_rows=1.5)
+    from triangle_mix import LayerPolicy
+
+    with pytest.raises(ValueError, match="expected patterns .* with dense_rows=64, got None"):
+        HostSparsity(policy=LayerPolicy(("dense", "triangle")), dense_rows=64)

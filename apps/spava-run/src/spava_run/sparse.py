@@ -1,5 +1,6 @@
 """``--sparse``, ``--config``, ``--start-layer``, ``--prefix-blocks`` and ``--dense-rows``: their
-checks before torch loads, and the ``seqpar_approx.HostSparsity`` they map to once the model's config is known."""
+checks before torch loads, and the ``seqpar_approx.HostSparsity`` they map to once the model's
+config is known."""
 
 from __future__ import annotations
 

@@ -138,9 +138,9 @@ class MMInferenceHost:
     per shape (the Grid heads' CUDA graphs) serves every layer.
     ``prefix``: a :class:`~seqpar_approx.prefix_blocks.PrefixBlocks` (None: every prefix key).
     ``dense_rows``: segments of at most this many rows attend their own keys densely, unplanned
-    (0: only those of at most ``block`` rows). Planning a layer's mixed heads costs about 10 ms
-    on an H100 whatever the segment's length (mostly host work between its reads of the GPU),
-    and dense causal attention over 4096 rows about 0.5 ms.
+    (0: only those of at most ``block`` rows). A plan's host time hardly depends on the
+    segment's length, so for a short segment (Spava's anchor, say) dense attention costs less
+    (``docs/results.md``, Spava section).
     """
 
     heads: tuple
@@ -317,6 +317,11 @@ class HostSparsity:
         n = self.dense_rows
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"HostSparsity.dense_rows: expected an int >= 0, got {n!r}")
+        if n and self.patterns is None:
+            raise ValueError(
+                "HostSparsity: dense_rows is the MMInference layers' setting, expected patterns "
+                f"(a PatternConfig) with dense_rows={n}, got None"
+            )
         both = self.policy is not None and self.patterns is not None
         if both and self.policy.num_layers != self.patterns.num_layers:
             raise ValueError(

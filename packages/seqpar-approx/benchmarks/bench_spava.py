@@ -564,9 +564,8 @@ def main(argv=None):
     mm = [x for x in args.methods if "mminference" in x]
     for flag, val in (("--prefix-blocks", args.prefix_blocks), ("--dense-rows", args.dense_rows)):
         if val and not mm:
-            p.error(
-                f"{flag}: expected a spava+mminference method in --methods, got {','.join(args.methods)}"
-            )
+            got = ",".join(args.methods)
+            p.error(f"{flag}: expected a spava+mminference method in --methods, got {got}")
     args.dense_ok = lambda n: n <= args.max_dense_len
     m = dict(MODEL_SMOKE if args.smoke else MODEL_7B)
     if args.layers:

@@ -100,13 +100,18 @@ def attn_fn(base, layout, cfg, step=DENSE, timer=None):
     )
 
 
-def layer_steps(args, name: str, m: dict, n: int, device) -> list:
-    """Every layer's host attention step of a method (dense hosts unless sparse)."""
-    sp = sparsity(
+def method_sparsity(args, name: str, m: dict):
+    """The ``HostSparsity`` of a method under the command line's sparse-host options."""
+    return sparsity(
         name, m, tokens_per_frame=args.tokens_per_frame, smoke=args.smoke,
         start_layer=args.start_layer, config=args.pattern_config, block=args.block,
         prefix_blocks=args.prefix_blocks, dense_rows=args.dense_rows,
     )  # fmt: skip
+
+
+def layer_steps(args, name: str, m: dict, n: int, device) -> list:
+    """Every layer's host attention step of a method (dense hosts unless sparse)."""
+    sp = method_sparsity(args, name, m)
     if sp is None:
         return [DENSE] * m["layers"]
     lay = None
@@ -480,11 +485,7 @@ def mminference_hosts(args, m: dict) -> dict | None:
     name = next((x for x in args.methods if "mminference" in x), None)
     if name is None:
         return None
-    sp = sparsity(
-        name, m, tokens_per_frame=args.tokens_per_frame, smoke=args.smoke,
-        start_layer=args.start_layer, config=args.pattern_config, block=args.block,
-        prefix_blocks=args.prefix_blocks, dense_rows=args.dense_rows,
-    )  # fmt: skip
+    sp = method_sparsity(args, name, m)
     top_k = None if sp.prefix is None else sp.prefix.top_k
     return {"block": sp.block, "prefix_blocks": top_k, "dense_rows": sp.dense_rows}
 

@@ -162,6 +162,32 @@ def test_mminference_step_runs_an_execution_only_plan(monkeypatch):
     assert torch.equal(got.out, ref.out) and torch.equal(got.lse, ref.lse)
 
 
+def test_mminference_step_plans_a_segment_reading_back_only_list_widths():
+    """A host's plan of its segment: the segment's layout is a slice of the checked global one
+    (no read of its modality) and the exact Vertical-Slash heads' counts come from their
+    configs, so the only reads left are the planner's list widths (one for the Grid heads)."""
+    from sparse_patterns import AShape, Grid, HeadConfig, VerticalSlash
+    from sparse_patterns.testing import SyncRecorder
+
+    heads = (
+        HeadConfig(Grid(last_q=16)),
+        HeadConfig(VerticalSlash(n_vertical=8, n_slash=8, last_q=16, exact_verticals=True)),
+        HeadConfig(AShape(sink=4, window=32, exact=True)),
+        HeadConfig(VerticalSlash(n_vertical=4, n_slash=8, last_q=16, exact_verticals=True)),
+    )
+    n, S, start = 512, 256, 192
+    host = MMInferenceHost(heads, token_layout=case_token_layout(n), block=64)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, S, 16, generator=g)
+    k = torch.randn(1, 2, S, 16, generator=g)
+    host.plan(q, k, start=start, scale=0.25, exact_vertical_lists=False)  # warm the caches
+    with SyncRecorder() as rec:
+        plan = host.plan(q, k, start=start, scale=0.25, exact_vertical_lists=False)
+    assert [what for what, where in rec.events] == ["Tensor.tolist"]
+    assert "(host_ints)" in rec.events[0][1]
+    assert sorted(e.heads for e in plan.exact_vertical) == [(1,), (3,)]
+
+
 def test_dense_step_is_bitwise_spava():
     case = _case(n=131, query_len=9, anchor_len=6, passing_len=5)
     layout, cfg = case_layout(case, 1)

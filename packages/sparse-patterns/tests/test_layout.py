@@ -107,3 +107,38 @@ def test_moved_layout_carries_the_permutation_to_the_device():
     tl = as_token_layout(ml, ml.seq_len, dev)
     assert tl.modality.device == tl.perm.device == tl.inv_perm.device == dev
     assert torch.equal(tl.perm.cpu(), ml.perm) and torch.equal(tl.inv_perm.cpu(), ml.inv_perm)
+
+
+def test_segment_is_the_slice_without_a_device_read():
+    """A host's rows of a checked layout: the same modality slice and frame size, its own
+    permutation, and no read back (``TokenLayout(...)`` itself reads the modality's minimum)."""
+    from sparse_patterns.testing import SyncRecorder
+
+    ml = _qwen2_vl_layout()
+    tl = TokenLayout(ml.modality.clone(), ml.tokens_per_frame)
+    with SyncRecorder() as rec:
+        seg = tl.segment(7, 22)
+    assert rec.events == []
+    assert torch.equal(seg.modality, tl.modality[7:22]) and seg.tokens_per_frame == 6
+    want = TokenLayout(tl.modality[7:22], 6)
+    assert torch.equal(seg.perm, want.perm) and torch.equal(seg.inv_perm, want.inv_perm)
+    with SyncRecorder() as rec:
+        TokenLayout(tl.modality[7:22], 6)
+    assert rec.events  # the checked constructor does read back: the recorder can fail
+    assert tl.segment(4, 4).modality.numel() == 0
+
+
+@pytest.mark.parametrize(
+    "start, stop, err, match",
+    [
+        (-1, 3, ValueError, r"expected 0 <= start <= stop <= 30 .*got start=-1, stop=3"),
+        (5, 31, ValueError, r"got start=5, stop=31"),
+        (6, 5, ValueError, r"got start=6, stop=5"),
+        (1.0, 3, TypeError, r"start: expected an int, got 1.0"),
+        (0, True, TypeError, r"stop: expected an int, got True"),
+    ],
+)
+def test_segment_bounds_are_checked(start, stop, err, match):
+    tl = TokenLayout(torch.zeros(30, dtype=torch.int64))
+    with pytest.raises(err, match=match):
+        tl.segment(start, stop)

@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from sparse_kernels._validate import interpreter_enabled
 from sparse_patterns import (
     AShape,
     Grid,
@@ -73,6 +74,48 @@ def test_plan_layer_reads_back_only_list_widths(heads, tpf, n_reads):
     unexpected, reads = _syncs(lambda: planner.plan(q, k, cfgs, lay))
     assert unexpected == []
     assert len(reads) == n_reads
+
+
+@pytest.mark.parametrize("exact_lists, n_reads", [(True, 2), (False, 1)])
+def test_exact_vertical_slash_heads_read_back_only_list_widths(exact_lists, n_reads):
+    """Exact Vertical-Slash heads keep every selected column and diagonal, so their counts
+    (which group them into launches) come from the configs, not from the device. Here two
+    count groups, one of them not consecutive, beside a Grid head; without the exact heads'
+    block lists only the Grid's width is read."""
+    torch.manual_seed(0)
+    S = 1025
+    q, k = _qk(S)
+    lay = TokenLayout(torch.full((S,), 2), tokens_per_frame=16)
+    vs = [VerticalSlash(n_vertical=n, n_slash=60, exact_verticals=True) for n in (40, 24, 40)]
+    cfgs = [HeadConfig(h) for h in (vs[0], vs[1], GRID, vs[2])]
+    planner = MMInferencePlanner(block=64)
+    plan = planner.plan(q, k, cfgs, lay, exact_vertical_lists=exact_lists)
+    assert sorted(e.heads for e in plan.exact_vertical) == [(0, 3), (1,)]
+    assert {e.heads: e.vertical.shape[-1] for e in plan.exact_vertical} == {(0, 3): 40, (1,): 24}
+    unexpected, reads = _syncs(
+        lambda: planner.plan(q, k, cfgs, lay, exact_vertical_lists=exact_lists)
+    )
+    assert unexpected == []
+    assert len(reads) == n_reads
+
+
+@pytest.mark.skipif(
+    not interpreter_enabled(), reason="the Triton lists kernel on CPU needs TRITON_INTERPRET=1"
+)
+def test_grid_lists_kernel_reads_back_only_its_widths():
+    """The unfused Grid path (Grid heads beside other kinds) builds its lists with the Triton
+    kernel on CUDA: one read of the candidate widths, and the widths go back without a wait."""
+    from sparse_kernels.grid_index import grid_lists
+    from sparse_kernels.permuted import grid_line_offsets, grid_permutation
+
+    S, blk = 517, 16
+    st, ph = torch.tensor([12, 12]), torch.tensor([4, 9])
+    perm, _ = grid_permutation(S, st, ph)
+    offs = grid_line_offsets(S, st, ph)
+    yes = torch.tensor([True, True])
+    unexpected, reads = _syncs(lambda: grid_lists(perm, offs, yes, yes, S, blk, impl="triton"))
+    assert unexpected == []
+    assert len(reads) == 1
 
 
 def _set_heads(x: torch.Tensor, hs: list[int]) -> None:

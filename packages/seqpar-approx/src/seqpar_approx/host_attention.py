@@ -192,8 +192,6 @@ class MMInferenceHost:
 
     def segment_layout(self, start: int, length: int):
         """The ``TokenLayout`` of global rows ``[start, start + length)`` (None: all text)."""
-        from sparse_patterns import TokenLayout
-
         if self.token_layout is None:
             return None
         mod = self.token_layout.modality
@@ -202,7 +200,7 @@ class MMInferenceHost:
                 f"token_layout: expected at least {start + length} tokens (segment "
                 f"[{start}, {start + length})), got {mod.shape[0]}"
             )
-        return TokenLayout(mod[start : start + length], self.token_layout.tokens_per_frame)
+        return self.token_layout.segment(start, start + length)
 
     def plan(
         self,

@@ -106,6 +106,22 @@ class TokenLayout:
     def text(cls, S: int, device: torch.device | str | None = None) -> TokenLayout:
         return cls._trusted(torch.zeros(S, dtype=torch.int64, device=device), None)
 
+    def segment(self, start: int, stop: int) -> TokenLayout:
+        """The layout of tokens ``[start, stop)`` (e.g. one sequence-parallel host's rows): the
+        modality slice, the same ``tokens_per_frame``, the permutation recomputed on first use.
+        A slice of a checked layout is valid, so it is not checked again (that check reads the
+        modality back from the device)."""
+        S = self.modality.shape[0]
+        for name, value in (("start", start), ("stop", stop)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"TokenLayout.segment: {name}: expected an int, got {value!r}")
+        if not 0 <= start <= stop <= S:
+            raise ValueError(
+                f"TokenLayout.segment: expected 0 <= start <= stop <= {S} (the layout's tokens), "
+                f"got start={start}, stop={stop}"
+            )
+        return TokenLayout._trusted(self.modality[start:stop], self.tokens_per_frame)
+
     @classmethod
     def _trusted(
         cls,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._validate import resolve_impl
+from ..estimate.search import host_to_device
 from ..permuted.perms import host_ints
 from .reference import block_min_max, candidate_lists_reference, grid_block_lines
 from .settings import DEFAULT_SETTINGS, GridIndexSettings
@@ -84,6 +85,6 @@ def grid_candidate_lists(
         return candidate_lists_reference(v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nkb)
     from .lists_triton import launch_grid_lists
 
-    widths = torch.tensor([wv, ws], dtype=torch.int32, device=s_lo.device)
+    widths = host_to_device(torch.tensor([wv, ws], dtype=torch.int32), s_lo.device)
     ins = (t.contiguous() for t in (v_hi, s_lo, s_hi, kmin, qmax))
     return launch_grid_lists(*ins, widths, W, nkb, block_w=settings.lists_block_w)

@@ -49,11 +49,19 @@ def per_head(
 
 
 def topk_per_head(
-    scores: torch.Tensor, k: torch.Tensor, forced: torch.Tensor, k_max: int
+    scores: torch.Tensor,
+    k: torch.Tensor,
+    forced: torch.Tensor,
+    k_max: int,
+    *,
+    drop_masked: bool = True,
 ) -> torch.Tensor:
     """``scores [N, ..., S]``, ``k``/``forced`` ``[N]``: top ``k[n]`` indices with the first
     ``forced[n]`` positions always in; int64 ``[N, ..., kmax]`` with -1 past ``k[n]``.
-    ``k_max``: ``max(k)``, from the host configs (reading it from ``k`` would synchronise)."""
+    ``k_max``: ``max(k)``, from the host configs (reading it from ``k`` would synchronise).
+    ``drop_masked``: a selected score of -inf (a masked position) or NaN gives -1 too, so the
+    number of real indices depends on the data; with False every row holds exactly
+    ``min(k[n], S)`` real indices, a count known on the host."""
     S = scores.shape[-1]
     shape = (-1,) + (1,) * (scores.ndim - 1)
     s = scores.masked_fill(
@@ -63,7 +71,9 @@ def topk_per_head(
     if kmax == 0:
         return torch.full((*scores.shape[:-1], 1), -1, dtype=torch.int64, device=scores.device)
     vals, idx = torch.topk(s, kmax, dim=-1, sorted=True)
-    keep = (torch.arange(kmax, device=s.device) < k.reshape(shape)) & (vals > float("-inf"))
+    keep = torch.arange(kmax, device=s.device) < k.reshape(shape)
+    if drop_masked:
+        keep = keep & (vals > float("-inf"))
     return torch.where(keep, idx, -1)
 
 

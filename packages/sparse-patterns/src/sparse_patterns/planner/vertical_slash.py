@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from .. import estimate as E
+from .._device import heads_index
 from ..block_lists import vertical_slash_lists
 from ..plan import ExactVerticalHeads
 from .context import LayerContext, per_head, topk_per_head
@@ -18,16 +19,17 @@ def vs_indices(p: torch.Tensor, rows: torch.Tensor, cfgs, B: int):
     return vs_topk(E.vertical_scores(p), E.slash_scores(p, rows), cfgs, B)
 
 
-def vs_topk(col: torch.Tensor, slash: torch.Tensor, cfgs, B: int):
+def vs_topk(col: torch.Tensor, slash: torch.Tensor, cfgs, B: int, *, drop_masked: bool = True):
     """Top ``n_vertical`` columns (the first ``sink`` forced in) and top ``n_slash`` diagonals
-    (the first ``local`` forced in) per head, int64 with -1 padding."""
+    (the first ``local`` forced in) per head, int64 with -1 padding. ``drop_masked``:
+    :func:`~.context.topk_per_head`'s (False: exactly ``min(n, S)`` real indices per head)."""
     dev = col.device
     nv, ns = per_head(cfgs, B, "n_vertical", dev), per_head(cfgs, B, "n_slash", dev)
     sink, local = per_head(cfgs, B, "sink", dev), per_head(cfgs, B, "local", dev)
     nv_max = max(c.pattern.n_vertical for c in cfgs)
     ns_max = max(c.pattern.n_slash for c in cfgs)
-    vert = topk_per_head(col, nv, torch.minimum(sink, nv), nv_max)
-    sl = topk_per_head(slash, ns, torch.minimum(local, ns), ns_max)
+    vert = topk_per_head(col, nv, torch.minimum(sink, nv), nv_max, drop_masked=drop_masked)
+    sl = topk_per_head(slash, ns, torch.minimum(local, ns), ns_max, drop_masked=drop_masked)
     return vert, sl
 
 
@@ -40,7 +42,9 @@ def plan_vertical_slash(
     heads = tuple(hs)
     L = max(c.pattern.last_q for c in cfgs)
     col, slash = ctx.lines_last(L)
-    vert, sl = vs_topk(ctx.sel(col, hs), ctx.sel(slash, hs), cfgs, ctx.B)
+    # The exact heads keep every selected column and diagonal (none of these line scores is
+    # masked), so their counts are the configs' clipped to the length: known on the host.
+    vert, sl = vs_topk(ctx.sel(col, hs), ctx.sel(slash, hs), cfgs, ctx.B, drop_masked=not exact)
     N = vert.shape[0]
     if not exact:
         idx, cnt = vertical_slash_lists(vert, sl, ctx.S, ctx.block)
@@ -61,20 +65,14 @@ def plan_vertical_slash(
     vert = torch.sort(vert, dim=-1).values  # -1 padding first
     sl = torch.sort(sl, dim=-1).values
     Hg = len(hs)
-    nv = (vert >= 0).sum(-1).reshape(ctx.B, Hg)
-    ns = (sl >= 0).sum(-1).reshape(ctx.B, Hg)
-    if not (bool((nv == nv[:1]).all()) and bool((ns == ns[:1]).all())):
-        raise NotImplementedError(
-            "VerticalSlash(exact_verticals=True): the batch rows of one head found different "
-            "numbers of columns or diagonals (only possible for very short sequences)"
-        )
     # Heads with equal counts share one launch.
     parts: dict[tuple[int, int], list[int]] = {}
-    for j, key in enumerate(zip(nv[0].tolist(), ns[0].tolist())):
+    for j, c in enumerate(cfgs):
+        key = (min(c.pattern.n_vertical, ctx.S), min(c.pattern.n_slash, ctx.S))
         parts.setdefault(key, []).append(j)
     exact_vertical = []
     for (a, b), local in parts.items():
-        rows = torch.tensor(local, device=vert.device)
+        rows = heads_index(local, vert.device)
         v_ = vert.reshape(ctx.B, Hg, -1)[:, rows, vert.shape[-1] - a :]
         s_ = sl.reshape(ctx.B, Hg, -1)[:, rows, sl.shape[-1] - b :]
         exact_vertical.append(

@@ -131,11 +131,17 @@ def test_segment_is_the_slice_without_a_device_read():
 @pytest.mark.parametrize(
     "start, stop, err, match",
     [
-        (-1, 3, ValueError, r"expected 0 <= start <= stop <= 30 .*got start=-1, stop=3"),
-        (5, 31, ValueError, r"got start=5, stop=31"),
-        (6, 5, ValueError, r"got start=6, stop=5"),
-        (1.0, 3, TypeError, r"start: expected an int, got 1.0"),
-        (0, True, TypeError, r"stop: expected an int, got True"),
+        pytest.param(
+            -1,
+            3,
+            ValueError,
+            r"expected 0 <= start <= stop <= 30 .*got start=-1, stop=3",
+            id="negative-start",
+        ),
+        pytest.param(5, 31, ValueError, r"got start=5, stop=31", id="stop-past-the-end"),
+        pytest.param(6, 5, ValueError, r"got start=6, stop=5", id="stop-before-start"),
+        pytest.param(1.0, 3, TypeError, r"start: expected an int, got 1.0", id="float-start"),
+        pytest.param(0, True, TypeError, r"stop: expected an int, got True", id="bool-stop"),
     ],
 )
 def test_segment_bounds_are_checked(start, stop, err, match):

@@ -7,11 +7,11 @@ sizes of outputs that depend on the data (a Grid layer without horizontal lines 
 widths of its candidate ranges, which are also its lists' width; block-mask planners one per chunk
 of query blocks)."""
 
+import os
 import warnings
 
 import pytest
 import torch
-from sparse_kernels._validate import interpreter_enabled
 from sparse_patterns import (
     AShape,
     Grid,
@@ -76,7 +76,10 @@ def test_plan_layer_reads_back_only_list_widths(heads, tpf, n_reads):
     assert len(reads) == n_reads
 
 
-@pytest.mark.parametrize("exact_lists, n_reads", [(True, 2), (False, 1)])
+@pytest.mark.parametrize(
+    "exact_lists, n_reads",
+    [pytest.param(True, 2, id="with-lists"), pytest.param(False, 1, id="execution-only")],
+)
 def test_exact_vertical_slash_heads_read_back_only_list_widths(exact_lists, n_reads):
     """Exact Vertical-Slash heads keep every selected column and diagonal, so their counts
     (which group them into launches) come from the configs, not from the device. Here two
@@ -99,8 +102,30 @@ def test_exact_vertical_slash_heads_read_back_only_list_widths(exact_lists, n_re
     assert len(reads) == n_reads
 
 
+def test_exact_vertical_slash_counts_are_clipped_to_the_length():
+    """Counts larger than the sequence, and none at all: each head's widths are its config's
+    clipped to ``S``, every listed index a real key or offset, with nothing read back."""
+    torch.manual_seed(0)
+    S = 40
+    q, k = _qk(S)
+    cfgs = [
+        HeadConfig(VerticalSlash(n_vertical=n, n_slash=m, last_q=8, exact_verticals=True))
+        for n, m in ((100, 8), (0, 60), (100, 8), (5, 3))
+    ]
+    planner = MMInferencePlanner(block=64)
+    plan = planner.plan(q, k, cfgs, None, exact_vertical_lists=False)
+    widths = {e.heads: (e.vertical.shape[-1], e.slash.shape[-1]) for e in plan.exact_vertical}
+    assert widths == {(0, 2): (40, 8), (1,): (0, 40), (3,): (5, 3)}
+    for e in plan.exact_vertical:
+        assert bool(((e.vertical >= 0) & (e.vertical < S)).all())
+        assert bool(((e.slash >= 0) & (e.slash < S)).all())
+    unexpected, reads = _syncs(lambda: planner.plan(q, k, cfgs, None, exact_vertical_lists=False))
+    assert unexpected == [] and reads == []
+
+
 @pytest.mark.skipif(
-    not interpreter_enabled(), reason="the Triton lists kernel on CPU needs TRITON_INTERPRET=1"
+    os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+    reason="the Triton lists kernel on CPU needs TRITON_INTERPRET=1",
 )
 def test_grid_lists_kernel_reads_back_only_its_widths():
     """The unfused Grid path (Grid heads beside other kinds) builds its lists with the Triton

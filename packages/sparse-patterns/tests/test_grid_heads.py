@@ -23,7 +23,7 @@ def _plan(grid: GridHeads, q, k, heads, lay, blk):
     cfgs = normalize_head_configs(heads, q.shape[1])
     ctx = LayerContext(q, k, as_token_layout(lay, q.shape[2], q.device), blk, q.shape[-1] ** -0.5)
     g = grid.plan(ctx, list(range(ctx.H)), cfgs)
-    plan = grid.layer_plan(ctx, g) if g.lists is not None else assemble(ctx, [g], True)
+    plan = grid.layer_plan(ctx, g) if g.fused else assemble(ctx, [g], True)
     return plan, g
 
 
@@ -130,7 +130,7 @@ def test_fused_grid_equals_the_unfused_plan(B, S, H, H_KV, tpf, blk, heads, dtyp
     q, k = q.to(DEV, dtype), k.to(DEV, dtype)
     a, ga = _plan(GridHeads(fused="off"), q, k, cfgs, lay, blk)
     b, gb = _plan(GridHeads(fused="triton"), q, k, cfgs, lay, blk)
-    assert ga.lists is None and gb.lists is not None  # the path each took
+    assert not ga.fused and gb.fused  # the path each took
     _same_plans(a, a._launch_lists, b, b._launch_lists)
     assert len(set(b.meta["stride"].flatten().tolist())) > 1 or heads[0].stride is not None
 
@@ -175,7 +175,7 @@ def test_fused_grid_rows_wider_than_the_lists_kernel():
     narrow = GridIndexSettings(lists_max_width=4)
     a, _ = _plan(GridHeads(fused="off", kernel_settings=narrow), q, k, heads, lay, 32)
     b, gb = _plan(GridHeads(fused="triton", kernel_settings=narrow), q, k, heads, lay, 32)
-    assert gb.lists is not None and b.run_split is None
+    assert gb.fused and b.run_split is None
     _same_plans(a, a._launch_lists, b, b._launch_lists)
 
 
@@ -194,7 +194,7 @@ def test_fused_grid_only_where_it_fits(heads, tpf, why):
     q, k, _ = planted_grid_qkv(1, 4, 2, S, 32, stride=8, phase=3, vline=True, slash=True, seed=3)
     lay = TokenLayout(torch.full((S,), 2), tokens_per_frame=tpf) if tpf else None
     _, g = _plan(GridHeads(fused="triton"), q, k, [HeadConfig(h) for h in heads], lay, 32)
-    assert g.lists is None, why
+    assert not g.fused, why
 
 
 def test_fused_grid_not_for_some_heads_or_the_reference_engine():

@@ -146,6 +146,24 @@ def test_a_shape_lists_equal_the_block_mask_path(S, blk, sinks, windows):
     assert torch.equal(got[0], want[0])
 
 
+def test_a_shape_line_lists_width_without_a_read_back():
+    """The line path's width is the longest count (the mask path's width), found on the host: a
+    sweep of sinks and windows around the block edges, none read back."""
+    from sparse_patterns.block_lists import a_shape_lists
+    from sparse_patterns.testing import SyncRecorder
+
+    for S, blk in [(256, 16), (250, 16), (64, 16)]:
+        sinks = [0, 1, 15, 16, 17, 40, 250, 300]
+        windows = [1, 2, 16, 17, 33, 100, 255, 400]
+        for w in windows:
+            want = a_shape_lists(sinks, [w] * len(sinks), S, blk, "cpu", path="mask")
+            with SyncRecorder() as rec:
+                got = a_shape_lists(sinks, [w] * len(sinks), S, blk, "cpu", path="lines")
+            assert rec.events == []
+            assert got[0].shape == want[0].shape, (S, blk, w)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_list_paths_auto_choice_and_bad_path():
     from sparse_patterns.block_lists import _use_lines, vertical_slash_lists
 

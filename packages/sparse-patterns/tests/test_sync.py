@@ -54,7 +54,8 @@ def _syncs(fn) -> tuple[list, list]:
         ),
         pytest.param([Grid(use_hline=True)] * 4, 16, 1, id="grid-hline-one-chunk"),
         pytest.param([VerticalSlash(n_vertical=40, n_slash=60)] * 4, 16, 1, id="vs-one-chunk"),
-        pytest.param([AShape(sink=16, window=64)] * 4, None, 1, id="ashape-one-chunk"),
+        pytest.param([AShape(sink=16, window=64)] * 4, None, 0, id="ashape-lines-host-width"),
+        pytest.param([AShape()] * 4, None, 1, id="ashape-mask-one-chunk"),
         pytest.param(
             [GRID, VerticalSlash(n_vertical=40, n_slash=60), GRID, AShape()],
             16,
@@ -64,6 +65,9 @@ def _syncs(fn) -> tuple[list, list]:
     ],
 )
 def test_plan_layer_reads_back_only_list_widths(heads, tpf, n_reads):
+    """At most one read per group of heads, of its lists' width; none for A-shape heads on the
+    line path (their width is known on the host). ``AShape()`` at 17 blocks takes the mask
+    path."""
     torch.manual_seed(0)
     S = 1025
     q, k = _qk(S)
@@ -74,6 +78,32 @@ def test_plan_layer_reads_back_only_list_widths(heads, tpf, n_reads):
     unexpected, reads = _syncs(lambda: planner.plan(q, k, cfgs, lay))
     assert unexpected == []
     assert len(reads) == n_reads
+
+
+def test_unfused_grid_plan_leaves_its_read_to_the_lists_call():
+    """The unfused Grid planner queues its search, permutation, runs and list ranges without a
+    read; ``GroupPlan.lists``, which the layer calls after its other groups, reads the width."""
+    from sparse_patterns.planner.context import LayerContext
+    from sparse_patterns.planner.grid import GridHeads
+
+    S = 1025
+    q, k = _qk(S)
+    lay = TokenLayout(torch.full((S,), 2), tokens_per_frame=16)
+    grid = GridHeads(fused="off")
+    cfgs = [HeadConfig(GRID)] * 4
+
+    def plan():  # a fresh layer each time, as the planner makes one per layer
+        return grid.plan(LayerContext(q, k, lay, 64, 32**-0.5), [0, 1, 2, 3], cfgs)
+
+    plan()  # warm the caches (fold matrices)
+    unexpected, reads = _syncs(plan)
+    assert unexpected == [] and reads == []
+    g = plan()
+    got = {}
+    unexpected, reads = _syncs(lambda: got.update(lists=g.lists()))
+    assert unexpected == [] and len(reads) == 1
+    idx, cnt, split = got["lists"]
+    assert split is None and idx.shape[:2] == cnt.shape == (4, 17)
 
 
 @pytest.mark.parametrize(
@@ -187,7 +217,12 @@ def test_sync_recorder_sees_each_kind_of_sync():
     [
         pytest.param([GRID] * 4, 1, id="grid"),
         pytest.param([VerticalSlash(n_vertical=40, n_slash=60)] * 4, 1, id="vs"),
-        pytest.param([AShape(sink=16, window=64)] * 4, 1, id="ashape"),
+        pytest.param([AShape(sink=16, window=64)] * 4, 0, id="ashape"),
+        pytest.param(
+            [VerticalSlash(n_vertical=40, n_slash=60, exact_verticals=True), GRID] * 2,
+            2,  # the Grid lists' width and the exact heads' lists' (their counts: no read)
+            id="exact-vs-and-grid",
+        ),
     ],
 )
 def test_plan_layer_cuda_synchronisations(monkeypatch, heads, n_reads):

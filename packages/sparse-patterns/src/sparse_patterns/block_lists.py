@@ -321,7 +321,7 @@ def a_shape_lists(
     column blocks ``n < ceil(sink / blk)`` and the window the distances
     ``0 .. floor((window + blk - 2) / blk)``; the partial last query block, if any, lists the
     same blocks (its keys end earlier, but every listed block still starts at or before its last
-    row)."""
+    row), and the lists' width comes from the sinks and windows: no read-back."""
     if len(sink) != len(window) or not sink:
         raise ValueError(f"a_shape_lists: expected one window per sink, got {len(sink)} sinks "
                          f"and {len(window)} windows")  # fmt: skip
@@ -341,7 +341,12 @@ def a_shape_lists(
     ar_a, ar_c = torch.arange(A), torch.arange(C - 1, -1, -1)
     vblk = torch.where(ar_a[None] < torch.tensor(sb)[:, None], ar_a[None], nkb)
     dist = torch.where(ar_c[None] <= torch.tensor(dw)[:, None], ar_c[None], nkb)
-    return line_block_lists(to_device(vblk, device), to_device(dist, device), 0, nkb)
+    idx, cnt = _line_lists_wide(to_device(vblk, device), to_device(dist, device), 0, nkb)
+    # A row's count never falls as the row grows, so the last row (m = nkb - 1) is the longest:
+    # its sb sink blocks and dw + 1 window blocks, less the sink blocks inside the window. Known
+    # on the host, so the lists are cut without reading the counts back.
+    last = (s + d + 1 - max(0, s - (nkb - 1 - d)) for s, d in zip(sb, dw))
+    return idx[..., : max(1, *last)].contiguous(), cnt
 
 
 # ---------------------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ class MMInferencePlanner:
             and all(c is c0 for c in cfgs)
         ):  # one Grid config for every head: no grouping, and the fused planner's plan as it is
             g = self.grid.plan(ctx, list(range(ctx.H)), cfgs)
-            if g.lists is not None:
+            if g.fused:
                 return self.grid.layer_plan(ctx, g)
             return assemble(ctx, [g], exact_lists)
         plans = []

@@ -4,7 +4,7 @@ the Grid permutation and the block lists of its permuted order, with PyTorch ora
 from .api import grid_index, grid_index_reference
 from .graphs import OffsetGraph
 from .indexer import GridIndexer, PendingGridIndex
-from .lists import grid_candidate_lists, grid_lists
+from .lists import GridListRanges, grid_candidate_lists, grid_list_ranges, grid_lists
 from .reference import (
     block_min_max,
     candidate_lists_reference,
@@ -24,6 +24,7 @@ __all__ = [
     "GridIndex",
     "GridIndexSettings",
     "GridIndexer",
+    "GridListRanges",
     "OffsetGraph",
     "PendingGridIndex",
     "RunSplit",
@@ -36,6 +37,7 @@ __all__ = [
     "grid_candidate_lists",
     "grid_index",
     "grid_index_reference",
+    "grid_list_ranges",
     "grid_lists",
     "grid_window",
     "search_grid_folds",

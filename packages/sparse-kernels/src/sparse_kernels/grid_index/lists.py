@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .._validate import resolve_impl
@@ -9,6 +11,59 @@ from ..estimate.search import host_to_device
 from ..permuted.perms import host_ints
 from .reference import block_min_max, candidate_lists_reference, grid_block_lines
 from .settings import DEFAULT_SETTINGS, GridIndexSettings
+
+
+@dataclass(frozen=True)
+class GridListRanges:
+    """The candidate ranges of Grid heads' block lists (see :func:`grid_list_ranges`), with
+    ``widths``, int ``[2]`` on their device: ``(max(v_hi) + 1, max(s_hi - s_lo + 1))``, the
+    lists' candidate widths, not yet read back."""
+
+    v_hi: torch.Tensor
+    s_lo: torch.Tensor
+    s_hi: torch.Tensor
+    kmin: torch.Tensor
+    qmax: torch.Tensor
+    widths: torch.Tensor
+    nkb: int
+
+    def lists(
+        self, *, impl: str = "auto", settings: GridIndexSettings = DEFAULT_SETTINGS
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The lists of :func:`grid_lists`: one host read, of ``widths`` (on CUDA it waits for
+        the queued work), then :func:`grid_candidate_lists`."""
+        wv, ws = host_ints(self.widths)
+        return grid_candidate_lists(
+            self.v_hi, self.s_lo, self.s_hi, self.kmin, self.qmax, wv, ws, self.nkb,
+            impl=impl, settings=settings,
+        )  # fmt: skip
+
+
+def grid_list_ranges(
+    perm: torch.Tensor,
+    offsets: torch.Tensor,
+    use_vline: torch.Tensor,
+    use_slash: torch.Tensor,
+    S: int,
+    blk: int,
+    *,
+    lines: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> GridListRanges:
+    """The first half of :func:`grid_lists`, without its read: per query block of the permuted
+    order, the candidate ranges of vertical line 0 and of the block's own lines. A planner
+    queues its other work before calling :meth:`GridListRanges.lists`, so that the read waits
+    only for the GPU."""
+    nkb = -(-S // blk)
+    dev = perm.device
+    kmin, qmax = block_min_max(perm, blk)
+    offs = offsets.to(dev)
+    c_lo, c_hi = grid_block_lines(offs, perm.shape[0], S, blk) if lines is None else lines
+    s_lo = offs.gather(1, c_lo) // blk  # [N, NQB]
+    s_hi = (offs.gather(1, c_hi + 1) - 1) // blk
+    v_hi = torch.where(use_vline, (offs[:, 1] - 1) // blk, -1)  # [N]
+    s_hi = torch.where(use_slash[:, None], s_hi, s_lo - 1)
+    widths = torch.stack([v_hi.max() + 1, (s_hi - s_lo + 1).max().clamp_min(0)])
+    return GridListRanges(v_hi, s_lo, s_hi, kmin, qmax, widths, nkb)
 
 
 def grid_lists(
@@ -31,23 +86,11 @@ def grid_lists(
 
     ``perm`` int ``[N, S]`` (grid orders), ``offsets`` their ``grid_line_offsets``, flags
     ``[N]`` bool; ``lines``: :func:`grid_block_lines` of them, if the caller has it. The lists
-    are as wide as the candidate ranges (one host read, of the ranges' widths). ``impl``: as in
-    :func:`grid_candidate_lists`. Returns int32 ``(idx [N, NQB, W], cnt [N, NQB])``."""
-    N = perm.shape[0]
-    nkb = -(-S // blk)
-    dev = perm.device
-    kmin, qmax = block_min_max(perm, blk)
-    offs = offsets.to(dev)
-    c_lo, c_hi = grid_block_lines(offs, N, S, blk) if lines is None else lines
-    s_lo = offs.gather(1, c_lo) // blk  # [N, NQB]
-    s_hi = (offs.gather(1, c_hi + 1) - 1) // blk
-    v_hi = torch.where(use_vline, (offs[:, 1] - 1) // blk, -1)  # [N]
-    s_hi = torch.where(use_slash[:, None], s_hi, s_lo - 1)
-    # Candidate widths: sizes that depend on the data, read back in one go.
-    wv, ws = host_ints(v_hi.max() + 1, (s_hi - s_lo + 1).max().clamp_min(0))
-    return grid_candidate_lists(
-        v_hi, s_lo, s_hi, kmin, qmax, wv, ws, nkb, impl=impl, settings=settings
-    )
+    are as wide as the candidate ranges (one host read, of the ranges' widths; split in two by
+    :func:`grid_list_ranges`). ``impl``: as in :func:`grid_candidate_lists`. Returns int32
+    ``(idx [N, NQB, W], cnt [N, NQB])``."""
+    ranges = grid_list_ranges(perm, offsets, use_vline, use_slash, S, blk, lines=lines)
+    return ranges.lists(impl=impl, settings=settings)
 
 
 def grid_candidate_lists(

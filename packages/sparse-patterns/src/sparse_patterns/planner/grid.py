@@ -14,7 +14,7 @@ from sparse_kernels.grid_index import (
     grid_block_lines,
     grid_block_mask,
     grid_block_runs,
-    grid_lists,
+    grid_list_ranges,
     search_grid_folds,
     search_grid_lines,
 )
@@ -157,12 +157,13 @@ class GridHeads:
         return GroupPlan(
             tuple(range(ctx.H)), lists=lists, early=early_lists, q_perm=pending.perm,
             kv_perm=pending.perm, stride=pending.stride, phase=pending.phase,
-            kv_runs=pending.kv_runs,
+            kv_runs=pending.kv_runs, fused=True,
         )  # fmt: skip
 
     def _plan_unfused(self, ctx: LayerContext, hs, cfgs, spaces: dict, L: int) -> GroupPlan:
         """:meth:`plan` step by step in torch and the estimation kernels: the search per stride
-        space, then the permutation, its lists and runs for every head."""
+        space, then the permutation, its lists and runs for every head. Without horizontal
+        lines the lists are made by ``GroupPlan.lists`` (their width's read comes last)."""
         dev = ctx.q.device
         N = ctx.B * len(hs)
         stride = torch.zeros(N, dtype=torch.int64, device=dev)
@@ -213,19 +214,17 @@ class GridHeads:
         flags = flags.repeat(1, ctx.B)  # [3, N], b-major like every per-head tensor here
         nb = -(-ctx.S // ctx.block)
         lines = grid_block_lines(offs, N, ctx.S, ctx.block)
+        runs = grid_block_runs(perm, offs, ctx.S, ctx.block, lines=lines)  # step = stride
+        common = dict(q_perm=perm, kv_perm=perm, stride=stride, phase=phase, kv_runs=runs)
         if any(c.pattern.use_hline for c in cfgs):
             fn = grid_block_mask(perm, offs, *flags, ctx.S, ctx.block)
-            idx, cnt = lists_from_chunks(fn, N, nb, nb, dev)
-        else:
-            idx, cnt = grid_lists(
-                perm, offs, flags[1], flags[2], ctx.S, ctx.block, lines=lines,
-                settings=self.indexer.settings,
-            )  # fmt: skip
-        runs = grid_block_runs(perm, offs, ctx.S, ctx.block, lines=lines)  # step = stride
+            return GroupPlan(tuple(hs), *lists_from_chunks(fn, N, nb, nb, dev), **common)
+        # The read of the lists' width is left to ``GroupPlan.lists``, which the layer calls last.
+        ranges = grid_list_ranges(perm, offs, flags[1], flags[2], ctx.S, ctx.block, lines=lines)
+        settings = self.indexer.settings
         return GroupPlan(
-            tuple(hs), idx, cnt, q_perm=perm, kv_perm=perm, stride=stride, phase=phase,
-            kv_runs=runs,
-        )  # fmt: skip
+            tuple(hs), lists=lambda: (*ranges.lists(settings=settings), None), **common
+        )
 
     def layer_plan(self, ctx: LayerContext, g: GroupPlan) -> BlockPlan:
         """The plan of a layer whose every head is in the fused group ``g`` (in order): what

@@ -37,6 +37,8 @@ class GroupPlan:
             step is ``stride``); None makes the layer derive them from ``kv_perm``.
         exact_vertical: heads run by ``vertical_slash_attention`` with their exact columns.
         exact_a_shape: heads run by ``triangle_attention`` (``AShape(exact=True)``).
+        fused: made by the fused Grid index for every head of the layer (its tensors shaped
+            ``[B, H, ...]``): ``GridHeads.layer_plan`` makes the layer's plan of it as it is.
     """
 
     heads: tuple[int, ...]
@@ -51,6 +53,7 @@ class GroupPlan:
     kv_runs: torch.Tensor | None = None
     exact_vertical: tuple[ExactVerticalHeads, ...] = ()
     exact_a_shape: tuple[ExactAShapeHeads, ...] = ()
+    fused: bool = False
 
     def __post_init__(self):
         if (self.kv_block_indices is None) != (self.kv_block_counts is None):

@@ -187,6 +187,39 @@ def test_mminference_step_plans_a_segment_reading_back_only_list_widths():
     assert sorted(e.heads for e in plan.exact_vertical) == [(1,), (3,)]
 
 
+def test_mminference_step_with_a_sparse_prefix_reads_back_only_list_widths():
+    """The whole step of a segment (plan, run, prefix selection and its block-sparse attention,
+    merge): the prefix's selection is distinct and in range by construction, so its attention
+    runs unchecked; the one read left is the Grid lists' width."""
+    from seqpar_approx import PrefixBlocks
+    from sparse_patterns import AShape, Grid, HeadConfig
+    from sparse_patterns.testing import SyncRecorder
+
+    heads = (HeadConfig(Grid(last_q=16)), HeadConfig(AShape(sink=4, window=32))) * 2
+    n, S, P, start = 512, 256, 192, 256
+    host = MMInferenceHost(
+        heads, token_layout=case_token_layout(n), block=32, prefix=PrefixBlocks(top_k=2)
+    )
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, S, 16, generator=g)
+    k, v, kp, vp = (torch.randn(1, 2, L, 16, generator=g) for L in (S, S, P, P))
+
+    def step():
+        return host(q, k, v, kp, vp, start=start, scale=0.25, impl="auto")
+
+    step()  # warm the caches
+    with SyncRecorder() as rec:
+        got = step()
+    assert len(rec.events) == 1 and "(host_ints)" in rec.events[0][1]
+    sel = host.prefix.select(q, kp, scale=0.25)
+    checked = host.prefix.attend(q, kp, vp, sel, scale=0.25, impl="auto")
+    assert torch.equal(
+        host.prefix.attend(q, kp, vp, sel, scale=0.25, impl="auto", check_indices=False).out,
+        checked.out,
+    )
+    assert got.out.shape == q.shape
+
+
 def test_dense_step_is_bitwise_spava():
     case = _case(n=131, query_len=9, anchor_len=6, passing_len=5)
     layout, cfg = case_layout(case, 1)

@@ -92,8 +92,11 @@ class PrefixBlocks:
         *,
         scale: float,
         impl: str,
+        check_indices: bool = True,
     ) -> AttentionOutput:
-        """Every row of ``q`` over the keys of its head's ``selected`` blocks (no causal mask)."""
+        """Every row of ``q`` over the keys of its head's ``selected`` blocks (no causal mask).
+        ``check_indices``: ``block_sparse_attention``'s (its host reads); ``False`` only for a
+        selection made by :meth:`select`, whose blocks are distinct and in range."""
         from torch.nn.attention.flex_attention import BlockMask
 
         B, H, S, _ = q.shape
@@ -110,5 +113,6 @@ class PrefixBlocks:
             compute_q_blocks=False,
         )
         return block_sparse_attention(
-            q, k_prefix, v_prefix, mask, causal=False, scale=scale, impl=impl
-        )
+            q, k_prefix, v_prefix, mask, causal=False, scale=scale, impl=impl,
+            check_indices=check_indices,
+        )  # fmt: skip

@@ -17,7 +17,8 @@ Modes (``--modes``, default all three):
   MMInference heads of a pattern config with ``--config CFG``, e.g. a searched one; ``--block``
   sets their planner block, ``--prefix-blocks K`` makes their prefix keys block-sparse and
   ``--dense-rows N`` runs their segments of at most N rows dense; the prompt laid out as 64 text
-  tokens, video frames of ``--tokens-per-frame`` tokens, the query). Each
+  tokens, video frames of ``--tokens-per-frame`` tokens, the query). ``--fused-parts`` runs every
+  method's RMSNorms, rotary step and MLP gate as the kernels of ``sparse_kernels.fused``. Each
   Spava method also records one extra (untimed) prefill split into sections per rank:
   attention, estimation, MLP, communication (``sections_per_rank``).
 * ``attention``: one attention layer alone (same shapes), per method; the sparse methods run
@@ -56,7 +57,7 @@ from seqpar_approx import (
 )
 from seqpar_approx.faults import init_distributed
 from seqpar_approx.timing import section
-from sparse_kernels import attention
+from sparse_kernels import attention, rms_norm, rotary, silu_mul
 from spava_sparse import SPARSE_METHODS, sparsity, token_layout
 
 MODEL_7B = dict(layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128, mlp=18944)
@@ -160,18 +161,50 @@ def _rope(x, cos, sin):
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def layer_forward(layer, h, cos, sin, attn, split, mlp_chunk=16384, timer=None):
+class Eager:
+    """The per-token steps of the layer in eager PyTorch (as HF's modules run them)."""
+
+    @staticmethod
+    def norm(n: RMSNorm, x):
+        return n(x)
+
+    @staticmethod
+    def rotary(q, k, cos, sin):
+        return _rope(q, cos, sin), _rope(k, cos, sin)
+
+    @staticmethod
+    def gate(g, u):
+        return F.silu(g) * u
+
+
+class Fused:
+    """The same steps as one kernel each (``sparse_kernels.fused``, ``--fused-parts``)."""
+
+    @staticmethod
+    def norm(n: RMSNorm, x):
+        return rms_norm(x, n.weight, eps=1e-6)
+
+    @staticmethod
+    def rotary(q, k, cos, sin):
+        return rotary(q, k, cos[:, 0], sin[:, 0])
+
+    @staticmethod
+    def gate(g, u):
+        return silu_mul(g, u)
+
+
+def layer_forward(layer, h, cos, sin, attn, split, mlp_chunk=16384, timer=None, parts=Eager):
     m = layer.m
     S = h.shape[0]
-    x = layer.n1(h)
+    x = parts.norm(layer.n1, h)
     q = _linear(layer.q, x, split).view(S, m["heads"], m["head_dim"]).transpose(0, 1)[None]
     k = _linear(layer.k, x, split).view(S, m["kv_heads"], m["head_dim"]).transpose(0, 1)[None]
     v = _linear(layer.v, x, split).view(S, m["kv_heads"], m["head_dim"]).transpose(0, 1)[None]
-    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+    q, k = parts.rotary(q, k, cos, sin)
     with section(timer, "attention"):
         a = attn(q, k, v)[0].transpose(0, 1).reshape(S, -1)
     h = h + _linear(layer.o, a, split)
-    x = layer.n2(h)
+    x = parts.norm(layer.n2, h)
     out = torch.empty_like(h)
     # the MLP in row chunks bounds the [rows, 18944] intermediates; with split the query rows
     # get their own GEMMs (unfused ablation)
@@ -181,7 +214,7 @@ def layer_forward(layer, h, cos, sin, attn, split, mlp_chunk=16384, timer=None):
     with section(timer, "mlp"):
         for a0, a1 in zip(bounds[:-1], bounds[1:]):
             xc = x[a0:a1]
-            out[a0:a1] = layer.down(F.silu(layer.gate(xc)) * layer.up(xc))
+            out[a0:a1] = layer.down(parts.gate(layer.gate(xc), layer.up(xc)))
     return h + out
 
 
@@ -282,6 +315,7 @@ def bench_model(args, m, device, dtype, rank, H, n):
             layer.n2.weight.fill_(1.0)
     g = torch.Generator().manual_seed(1)
     emb = (torch.randn(n, m["hidden"], generator=g) * 0.5).to(device, dtype)
+    parts = Fused if args.fused_parts else Eager
     out = []
     for name in args.methods:
         if name == "dense" and not args.dense_ok(n):
@@ -302,7 +336,7 @@ def bench_model(args, m, device, dtype, rank, H, n):
             h = h0
             for layer, step in zip(layers, steps):
                 attn = attn_fn(*how, step, timer)
-                h = layer_forward(layer, h, cos, sin, attn, split, timer=timer)
+                h = layer_forward(layer, h, cos, sin, attn, split, timer=timer, parts=parts)
             return h
 
         if device.type == "cuda":
@@ -320,6 +354,7 @@ def bench_model(args, m, device, dtype, rank, H, n):
                 "per_rank_s": per_rank,
                 "peak_mem_gib_rank": peak,
                 "layers": m["layers"],
+                "fused_parts": args.fused_parts,
             }
         )
         if base == "spava":
@@ -551,6 +586,12 @@ def main(argv=None):
         default=0,
         help="the MMInference hosts attend segments of at most N rows (e.g. the anchor) densely, "
         "unplanned (default 0: only those of one block)",
+    )
+    p.add_argument(
+        "--fused-parts",
+        action="store_true",
+        help="model mode: every method's RMSNorms, rotary step and MLP gate run as one kernel "
+        "each (sparse_kernels.fused) instead of eager PyTorch",
     )
     p.add_argument("--smoke", action="store_true", help="tiny CPU/gloo run to test the script")
     args = p.parse_args(argv)

@@ -50,7 +50,7 @@ def test_bench_script_smoke_sparse_hosts(tmp_path):
     cmd = [torchrun, "--nproc-per-node", "2", str(BENCH), "--smoke", "--seq-lens", "700"]
     cmd += ["--reps", "1", "--warmup", "0", "--modes", "model", "--no-torch-cp", "--out", str(out)]
     cmd += ["--methods", "spava,spava+mminference+trianglemix", "--prefix-blocks", "1"]
-    cmd += ["--dense-rows", "96"]
+    cmd += ["--dense-rows", "96", "--fused-parts"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rep = json.loads(out.read_text())
@@ -60,8 +60,32 @@ def test_bench_script_smoke_sparse_hosts(tmp_path):
     assert all(c["max_abs_err"] < 1e-4 for c in rep["checks"]), rep["checks"]
     (r,) = [r for r in rep["results"] if r["method"] == "spava+mminference+trianglemix"]
     assert r["ttft_s"] > 0 and len(r["sections_per_rank"]) == 2
+    assert all(row["fused_parts"] for row in rep["results"])
     for sec in r["sections_per_rank"]:
         assert set(sec) == {"attention", "estimation", "mlp", "communication"}, sec
+
+
+def test_fused_parts_layer_matches_the_eager_layer():
+    """``--fused-parts``: the layer with ``sparse_kernels.fused``'s steps (their references on the
+    CPU) gives the eager layer's output, fp32."""
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_spava as b
+    import torch
+
+    torch.manual_seed(0)
+    m = b.MODEL_SMOKE
+    layer = b.Layer(m)
+    for lin in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down):
+        torch.nn.init.normal_(lin.weight, std=0.1)
+    layer.n1.weight.data.uniform_(0.5, 1.5)
+    S = 40
+    h = torch.randn(S, m["hidden"])
+    cos, sin = b.rope_tables(torch.arange(S), m["head_dim"], "cpu", torch.float32)
+    dense = lambda q, k, v: b.attention(q, k, v, causal=True).out  # noqa: E731
+    with torch.no_grad():
+        want = b.layer_forward(layer, h, cos, sin, dense, None, mlp_chunk=16)
+        got = b.layer_forward(layer, h, cos, sin, dense, None, mlp_chunk=16, parts=b.Fused)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def _smoke_config(path: Path, layers: int) -> None:

@@ -1,6 +1,8 @@
 import pytest
 import torch
 from sparse_kernels.estimate import (
+    column_mass,
+    column_mass_reference,
     line_folds,
     line_folds_reference,
     line_scores,
@@ -92,6 +94,69 @@ def test_line_scores_bad_input(kwargs, exc, match):
     args.update(kwargs)
     with pytest.raises(exc, match=match):
         line_scores(args.pop("q_rows"), args.pop("k"), args.pop("row_start"), **args)
+
+
+# (B, H, H_KV, L, S, D)
+COLUMN_CASES = [
+    pytest.param(1, 2, 2, 64, 300, 64, id="L64-S300"),
+    pytest.param(2, 4, 1, 16, 130, 32, id="B2-gqa4"),
+    pytest.param(1, 6, 2, 5, 97, 80, id="gqa3-D80-odd"),
+    pytest.param(1, 2, 1, 200, 150, 32, id="L200-two-passes"),
+]
+
+
+@pytest.mark.parametrize("dtype", kernel_dtypes(), ids=str)
+@pytest.mark.parametrize("B, H, H_KV, L, S, D", COLUMN_CASES)
+def test_column_mass_matches_reference(B, H, H_KV, L, S, D, dtype):
+    q, k, _ = make_qkv(B, H, H_KV, L, S, D, dtype=dtype, device=DEV, seed=S + L)
+    got = column_mass(q, k, impl="triton")
+    gold = column_mass_reference(q, k, scale=D**-0.5, compute_dtype=torch.float64)
+    low = column_mass_reference(q, k, scale=D**-0.5)
+    assert got.dtype == torch.float32 and got.shape == (B, H, S)
+    assert_close_budget(got, low, gold, floor=FLOOR * max(1, L // 128 + 1), name="columns")
+    # every row is a distribution over all S keys: L of mass per head
+    assert torch.allclose(got.sum(-1), torch.full_like(got[..., 0], L), rtol=1e-4)
+
+
+def test_column_mass_reference_matches_definition():
+    """Rows after every key: each row's softmax over all keys, summed over rows."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 3, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 2, 9, 8, generator=g, dtype=torch.float64)
+    got = column_mass_reference(q, k, scale=0.5, compute_dtype=torch.float64)
+    for h in range(4):
+        want = sum(torch.softmax((q[0, h, r] @ k[0, h // 2].T) * 0.5, -1) for r in range(3))
+        assert torch.allclose(got[0, h].double(), want, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_column_mass_qwen_shape_gpu(dtype):
+    """Spava's query block (128 rows) over a 20000-key block, Qwen2.5-VL-7B's heads."""
+    q, k, _ = make_qkv(1, 28, 4, 128, 20000, 128, dtype=dtype, device=DEV, seed=1)
+    got = column_mass(q, k, impl="triton")
+    gold = column_mass_reference(q, k, scale=128**-0.5, compute_dtype=torch.float64)
+    low = column_mass_reference(q, k, scale=128**-0.5)
+    assert_close_budget(got, low, gold, floor=FLOOR, name="columns")
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(q_rows=torch.randn(1, 2, 0, 16)), ValueError, "at least one query row"),
+        (dict(k=torch.randn(1, 2, 0, 16)), ValueError, "one key, got L=8 rows and S=0"),
+        (dict(q_rows=torch.randn(1, 3, 8, 16)), ValueError, "H % H_KV"),
+        (dict(q_rows=torch.randn(1, 2, 8, 32)), ValueError, "D=32"),
+        (dict(q_rows=torch.randn(1, 2, 8, 16).double()), TypeError, "float64"),
+        (dict(scale=0.0), ValueError, "scale"),
+        (dict(impl="fast"), ValueError, "impl must be one of"),
+    ],
+)
+def test_column_mass_bad_input(kwargs, exc, match):
+    args = dict(q_rows=torch.randn(1, 2, 8, 16), k=torch.randn(1, 2, 96, 16))
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        column_mass(args.pop("q_rows"), args.pop("k"), **args)
 
 
 @pytest.mark.gpu

@@ -24,12 +24,15 @@ Essential-KV selection for block ``v`` (per batch and KV head): ``p = softmax(q_
 over the block's keys for every query row and query head, summed over the query rows and the
 ``H / H_KV`` query heads that share the KV head; the ``min(l_p, len(v))`` keys with the largest sum
 are kept, ties broken towards the lower position (a stable sort), then restored to position order.
+The sums are ``sparse_kernels.estimate.column_mass`` (a Triton kernel on CUDA, float32 PyTorch
+elsewhere), so a block's ``[H, query rows, block keys]`` scores are never held in memory.
 """
 
 from __future__ import annotations
 
 import torch
 from sparse_kernels import AttentionOutput, attention, merge_attention
+from sparse_kernels.estimate import column_mass
 
 from ._comm import all_gather, world
 from .config import SpavaConfig
@@ -57,12 +60,10 @@ def _check_local(q, k, v, layout: SpavaLayout, rank: int) -> None:
 
 def essential_scores(q_qr: torch.Tensor, k_blk: torch.Tensor, *, scale: float) -> torch.Tensor:
     """Importance ``[B, H_KV, L]`` of a block's keys for the query block (module docstring)."""
-    B, H, S_Q, D = q_qr.shape
-    H_KV = k_blk.shape[1]
-    G = H // H_KV
-    qg = q_qr.float().reshape(B, H_KV, G * S_Q, D)
-    s = torch.matmul(qg, k_blk.float().transpose(-1, -2)) * scale
-    return torch.softmax(s, dim=-1).sum(dim=2)
+    B, H = q_qr.shape[:2]
+    H_KV, L = k_blk.shape[1], k_blk.shape[2]
+    per_head = column_mass(q_qr, k_blk, scale=scale)  # [B, H, L]
+    return per_head.reshape(B, H_KV, H // H_KV, L).sum(dim=2)
 
 
 def top_indices(scores: torch.Tensor, count: int) -> torch.Tensor:

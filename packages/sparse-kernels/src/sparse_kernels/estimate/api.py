@@ -11,7 +11,7 @@ from .._validate import (
     check_triton_head_dim,
     resolve_impl,
 )
-from .reference import line_folds_reference, line_scores_reference
+from .reference import column_mass_reference, line_folds_reference, line_scores_reference
 from .search import search_folds_reference, stride_vector
 
 
@@ -49,6 +49,32 @@ def line_scores(
     from .triton import line_scores_triton
 
     return line_scores_triton(q_rows, k, row_start, scale=scale)
+
+
+def column_mass(
+    q_rows: torch.Tensor, k: torch.Tensor, *, scale: float | None = None, impl: str = "auto"
+) -> torch.Tensor:
+    """Column mass of the attention of query rows that follow every key (no causal mask).
+
+    Returns float32 ``[B, H, S]``: ``col[j] = sum_l softmax_j(q_l . k_j * scale)``, the
+    softmax over all ``S`` keys of the row's KV head. A sequence-parallel host scores a block's
+    keys for the query block this way (Spava's essential keys). The Triton path streams the keys
+    twice per 128 rows (row log-sum-exp, then the sums), never holding ``[B, H, L, S]``.
+
+    Args:
+        q_rows: ``[B, H, L, D]``, ``L >= 1``; k: ``[B, H_KV, S, D]``, same dtype and device; GQA
+            by grouping (``H % H_KV == 0``).
+        scale: softmax scale (default ``D ** -0.5``).
+        impl: ``"triton"``, ``"reference"`` or ``"auto"`` (triton on CUDA, reference elsewhere).
+    """
+    D = _check_qk(q_rows, k)
+    scale = check_scale(scale, D)
+    if resolve_impl(impl, q_rows.device, "column_mass") == "reference":
+        return column_mass_reference(q_rows, k, scale=scale)
+    check_triton_head_dim(D, "column_mass")
+    from .triton import column_mass_triton
+
+    return column_mass_triton(q_rows, k, scale=scale)
 
 
 def line_fold_search(
@@ -127,6 +153,22 @@ def _check_fold_args(period: int, lo: int, hi: int, S: int) -> None:
 
 def _check_rows_and_keys(q_rows: torch.Tensor, k: torch.Tensor, row_start: int) -> int:
     """Validate the inputs :func:`line_scores` and :func:`line_folds` share; returns ``D``."""
+    D = _check_qk(q_rows, k)
+    L, S = q_rows.shape[2], k.shape[2]
+    if not 1 <= L <= 128:
+        raise ValueError(f"q_rows: expected 1 <= L <= 128 rows, got L={L}")
+    if isinstance(row_start, bool) or not isinstance(row_start, int):
+        raise TypeError(f"row_start: expected an int, got {type(row_start).__name__}")
+    if row_start < 0 or row_start + L > S:
+        raise ValueError(
+            f"row_start: expected 0 <= row_start and row_start + L <= S (L={L}, S={S}), "
+            f"got {row_start}"
+        )
+    return D
+
+
+def _check_qk(q_rows: torch.Tensor, k: torch.Tensor) -> int:
+    """Validate query rows and keys (shapes, dtypes, device, GQA); returns ``D``."""
     check_tensor(q_rows, "q_rows")
     check_tensor(k, "k")
     for name, t in (("q_rows", q_rows), ("k", k)):
@@ -153,14 +195,9 @@ def _check_rows_and_keys(q_rows: torch.Tensor, k: torch.Tensor, row_start: int) 
         raise ValueError(
             f"q_rows: expected B >= 1 and a head dim D >= 1, got shape {tuple(q_rows.shape)}"
         )
-    if not 1 <= L <= 128:
-        raise ValueError(f"q_rows: expected 1 <= L <= 128 rows, got L={L}")
-    if isinstance(row_start, bool) or not isinstance(row_start, int):
-        raise TypeError(f"row_start: expected an int, got {type(row_start).__name__}")
-    if row_start < 0 or row_start + L > S:
+    if L == 0 or S == 0:
         raise ValueError(
-            f"row_start: expected 0 <= row_start and row_start + L <= S (L={L}, S={S}), "
-            f"got {row_start}"
+            f"expected at least one query row and one key, got L={L} rows and S={S} keys"
         )
     return D
 

@@ -33,6 +33,22 @@ def line_scores_reference(
     return vertical.float(), slash.float()
 
 
+def column_mass_reference(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    scale: float,
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """See :func:`sparse_kernels.estimate.column_mass`; materialises ``[B, H, L, S]``."""
+    B, H, L, D = q_rows.shape
+    H_KV, S = k.shape[1], k.shape[2]
+    qg = q_rows.to(compute_dtype).reshape(B, H_KV, (H // H_KV) * L, D)  # a KV group's rows
+    s = torch.matmul(qg, k.to(compute_dtype).transpose(-1, -2)) * scale
+    p = torch.softmax(s, dim=-1).reshape(B, H, L, S)
+    return p.sum(dim=2).float()
+
+
 def line_folds_reference(
     q_rows: torch.Tensor,
     k: torch.Tensor,

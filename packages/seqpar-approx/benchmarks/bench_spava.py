@@ -125,13 +125,16 @@ def layer_steps(args, name: str, m: dict, n: int, device) -> list:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, d):
+    def __init__(self, d, eps=1e-6):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
 
     def forward(self, x):
         xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.weight
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(
+            x.dtype
+        ) * self.weight
 
 
 class Layer(nn.Module):
@@ -161,7 +164,7 @@ def _rope(x, cos, sin):
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-class Eager:
+class EagerParts:
     """The per-token steps of the layer in eager PyTorch (as HF's modules run them)."""
 
     @staticmethod
@@ -177,12 +180,12 @@ class Eager:
         return F.silu(g) * u
 
 
-class Fused:
+class FusedParts:
     """The same steps as one kernel each (``sparse_kernels.fused``, ``--fused-parts``)."""
 
     @staticmethod
     def norm(n: RMSNorm, x):
-        return rms_norm(x, n.weight, eps=1e-6)
+        return rms_norm(x, n.weight, eps=n.eps)
 
     @staticmethod
     def rotary(q, k, cos, sin):
@@ -193,7 +196,7 @@ class Fused:
         return silu_mul(g, u)
 
 
-def layer_forward(layer, h, cos, sin, attn, split, mlp_chunk=16384, timer=None, parts=Eager):
+def layer_forward(layer, h, cos, sin, attn, split, mlp_chunk=16384, timer=None, parts=EagerParts):
     m = layer.m
     S = h.shape[0]
     x = parts.norm(layer.n1, h)
@@ -315,7 +318,7 @@ def bench_model(args, m, device, dtype, rank, H, n):
             layer.n2.weight.fill_(1.0)
     g = torch.Generator().manual_seed(1)
     emb = (torch.randn(n, m["hidden"], generator=g) * 0.5).to(device, dtype)
-    parts = Fused if args.fused_parts else Eager
+    parts = FusedParts if args.fused_parts else EagerParts
     out = []
     for name in args.methods:
         if name == "dense" and not args.dense_ok(n):

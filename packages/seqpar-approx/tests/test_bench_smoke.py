@@ -78,13 +78,14 @@ def test_fused_parts_layer_matches_the_eager_layer():
     for lin in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down):
         torch.nn.init.normal_(lin.weight, std=0.1)
     layer.n1.weight.data.uniform_(0.5, 1.5)
+    layer.n2.weight.data.uniform_(0.5, 1.5)
     S = 40
     h = torch.randn(S, m["hidden"])
     cos, sin = b.rope_tables(torch.arange(S), m["head_dim"], "cpu", torch.float32)
     dense = lambda q, k, v: b.attention(q, k, v, causal=True).out  # noqa: E731
     with torch.no_grad():
         want = b.layer_forward(layer, h, cos, sin, dense, None, mlp_chunk=16)
-        got = b.layer_forward(layer, h, cos, sin, dense, None, mlp_chunk=16, parts=b.Fused)
+        got = b.layer_forward(layer, h, cos, sin, dense, None, mlp_chunk=16, parts=b.FusedParts)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

@@ -237,6 +237,23 @@ def test_grid_lists_equal_the_block_mask(S, stride, phase, vline, slash, blk):
     assert torch.equal(i4.cpu(), i2) and torch.equal(c4.cpu(), c2)
 
 
+@pytest.mark.parametrize(
+    "blk, perm_shape, match",
+    [
+        (0, (1, 64), "blk: expected an int >= 1, got 0"),
+        (16.0, (1, 64), "blk: expected an int >= 1, got 16.0"),
+        (16, (64,), r"perm: expected shape \[N, S=64\], got \(64,\)"),
+        (16, (1, 63), r"perm: expected shape \[N, S=64\], got \(1, 63\)"),
+    ],
+)
+def test_grid_lists_bad_block_or_permutation(blk, perm_shape, match):
+    st, ph = torch.tensor([8]), torch.tensor([3])
+    offs = grid_line_offsets(64, st, ph)
+    t = torch.tensor([True])
+    with pytest.raises(ValueError, match=match):
+        grid_lists(torch.zeros(perm_shape, dtype=torch.int32), offs, t, t, 64, blk)
+
+
 def test_grid_lists_rows_wider_than_the_kernel_takes():
     """impl='triton' raises for candidate rows wider than ``lists_max_width``; 'auto' takes
     the torch path for them (same lists)."""

@@ -257,3 +257,15 @@ def test_fused_grid_replays_a_cuda_graph_gpu(H, H_KV, S):
         _same_plans(plan, lists, ref, ref._launch_lists)
         assert plan.meta["stride"].unique().tolist() == [s]
     assert not plain.indexer._graphs
+
+
+def test_group_plan_rejects_inconsistent_fields():
+    from sparse_patterns.planner.group import GroupPlan
+
+    z = torch.zeros(1, 2, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="expected a lists callable with fused=True, got None"):
+        GroupPlan((0,), z, z[..., 0], fused=True)
+    with pytest.raises(ValueError, match="expected either block lists or a lists callable"):
+        GroupPlan((0,))
+    with pytest.raises(ValueError, match="both set or both None"):
+        GroupPlan((0,), z, None)

@@ -24,8 +24,9 @@ Essential-KV selection for block ``v`` (per batch and KV head): ``p = softmax(q_
 over the block's keys for every query row and query head, summed over the query rows and the
 ``H / H_KV`` query heads that share the KV head; the ``min(l_p, len(v))`` keys with the largest sum
 are kept, ties broken towards the lower position (a stable sort), then restored to position order.
-The sums are ``sparse_kernels.estimate.column_mass`` (a Triton kernel on CUDA, float32 PyTorch
-elsewhere), so a block's ``[H, query rows, block keys]`` scores are never held in memory.
+The sums are ``sparse_kernels.estimate.column_mass``: on CUDA a Triton kernel, which never holds a
+block's ``[H, query rows, block keys]`` scores in memory; elsewhere its float32 PyTorch reference,
+which does.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ once along the key axis: one triangle of the gathered tile sums to the key block
 current offset block, the other to its share of the next (slash sums). Every key and every offset
 is written by exactly one program.
 
+``column_mass`` (``_columns_kernel``): pass 1 with every key visible (``row_start = S``), then one
+program per (key block, head) adds the rows' probabilities to the column sums, per 128 rows.
+
 The Grid heads' line folds (one pass, folded per residue) are ``sparse_kernels.grid_index``'s
 kernels; they share this module's row and key helpers.
 """
@@ -24,6 +27,9 @@ import triton.language as tl
 
 from .._triton.config import LOG2E, block_d, on_interpreter
 from ..tuning import KernelSpec, LaunchConfig, choose_config
+
+# Rows per pass of column_mass: BLOCK_L's register tile (line_scores takes at most as many).
+_ROWS_PER_PASS = 128
 
 # Launch configs of pass 2 (``_lines_kernel``, offset blocks per program OB_PER): looked up per
 # GPU, shape and length in the tuned tables (sparse_kernels.tuning), per row block (the table
@@ -430,9 +436,6 @@ def _columns_kernel(
     p = tl.where((offs_l[:, None] < L) & ok_j[None, :], tl.exp2(s - lse[:, None]), 0.0)
     out = col_ptr + bh.to(tl.int64) * S + j
     tl.store(out, tl.load(out, mask=ok_j, other=0.0) + tl.sum(p, 0), mask=ok_j)
-
-
-_ROWS_PER_PASS = 128
 
 
 def column_mass_triton(q_rows: torch.Tensor, k: torch.Tensor, *, scale: float) -> torch.Tensor:

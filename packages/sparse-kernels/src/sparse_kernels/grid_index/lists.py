@@ -16,8 +16,8 @@ from .settings import DEFAULT_SETTINGS, GridIndexSettings
 @dataclass(frozen=True)
 class GridListRanges:
     """The candidate ranges of Grid heads' block lists (see :func:`grid_list_ranges`), with
-    ``widths``, int ``[2]`` on their device: ``(max(v_hi) + 1, max(s_hi - s_lo + 1))``, the
-    lists' candidate widths, not yet read back."""
+    ``widths``, int ``[2]`` on their device: ``(max(v_hi) + 1, max(0, max(s_hi - s_lo + 1)))``,
+    the lists' candidate widths, not yet read back."""
 
     v_hi: torch.Tensor
     s_lo: torch.Tensor
@@ -53,6 +53,12 @@ def grid_list_ranges(
     order, the candidate ranges of vertical line 0 and of the block's own lines. A planner
     queues its other work before calling :meth:`GridListRanges.lists`, so that the read waits
     only for the GPU."""
+    if isinstance(blk, bool) or not isinstance(blk, int) or blk < 1:
+        raise ValueError(f"grid_list_ranges: blk: expected an int >= 1, got {blk!r}")
+    if perm.ndim != 2 or perm.shape[1] != S:
+        raise ValueError(
+            f"grid_list_ranges: perm: expected shape [N, S={S}], got {tuple(perm.shape)}"
+        )
     nkb = -(-S // blk)
     dev = perm.device
     kmin, qmax = block_min_max(perm, blk)

@@ -65,5 +65,7 @@ class GroupPlan:
                 "GroupPlan: expected either block lists or a lists callable, got "
                 f"{'both' if self.lists is not None else 'neither'}"
             )
+        if self.fused and self.lists is None:
+            raise ValueError("GroupPlan: expected a lists callable with fused=True, got None")
         if (self.stride is None) != (self.phase is None):
             raise ValueError("GroupPlan: expected stride and phase both set or both None")

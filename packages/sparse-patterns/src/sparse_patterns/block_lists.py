@@ -1,11 +1,12 @@
 """Block lists of the non-Grid patterns: per query block the listed key blocks, built for every
 head at once, in chunks of query blocks (bounded memory at 1M tokens).
 
-Three ways in: a chunk function ``fn(m0, m1) -> bool [N, m1 - m0, NKB]`` (a block mask:
-:func:`static_block_mask`, :func:`vertical_slash_block_mask`, :func:`element_block_mask`)
-compacted by :func:`lists_from_chunks` / :func:`lists_from_element_chunks`; or, for patterns made
-of key-block columns and block diagonals (Vertical-Slash, A-shape), :func:`line_block_lists`
-merging the two sorted sets by ranks without an ``NQB x NKB`` mask. Lists are
+Two ways in: a chunk function ``fn(m0, m1) -> bool [N, m1 - m0, NKB]`` (a block mask:
+:func:`static_block_mask`, :func:`vertical_slash_block_mask`) compacted by
+:func:`lists_from_chunks`; or, for patterns made of key-block columns and block diagonals
+(Vertical-Slash, A-shape), :func:`line_block_lists` merging the two sorted sets by ranks without
+an ``NQB x NKB`` mask. The element-level builders of the boundary heads are in
+:mod:`sparse_patterns.element_lists`. Lists are
 ``([N, NQB, MAXB] int32, [N, NQB] int32)``; the element masks of the patterns are rounded UP to
 blocks. :func:`best_block_runs`: per head, the key blocks that are runs of original keys (the
 kernel loads those without the key permutation).
@@ -347,57 +348,3 @@ def a_shape_lists(
     # on the host, so the lists are cut without reading the counts back.
     last = (s + d + 1 - max(0, s - (nkb - 1 - d)) for s, d in zip(sb, dw))
     return idx[..., : max(1, *last)].contiguous(), cnt
-
-
-# ---------------------------------------------------------------------------------------------
-# Element-level builders (boundary heads): rows in permuted order, mask reduced to blocks
-
-
-def element_block_mask(
-    row_fn: Callable[[torch.Tensor], torch.Tensor],
-    q_perm: torch.Tensor,
-    kv_perm: torch.Tensor | None,
-    N: int,
-    S: int,
-    blk: int,
-) -> Callable[[int, int], torch.Tensor]:
-    """Chunk function from an element mask: ``row_fn(rows) -> bool [N, R, S]`` for ORIGINAL
-    rows (original key order); rows of the chunk are ``q_perm`` of the permuted rows; columns
-    are reordered by ``kv_perm`` before the block reduction. Memory: ``N * chunk_rows * S``."""
-    nkb = -(-S // blk)
-    pad = nkb * blk - S
-
-    def fn(m0: int, m1: int) -> torch.Tensor:
-        r0, r1 = m0 * blk, min(m1 * blk, S)
-        rows = q_perm[r0:r1].long()
-        em = row_fn(rows)  # [N, R, S]
-        if kv_perm is not None:
-            em = em[..., kv_perm.long()]
-        em = torch.nn.functional.pad(em, (0, pad, 0, (m1 - m0) * blk - (r1 - r0)))
-        return em.reshape(N, m1 - m0, blk, nkb, blk).any(-1).any(2)
-
-    return fn
-
-
-def chunk_rows_step(N: int, S: int, blk: int) -> int:
-    """Query blocks per chunk for element-level builders."""
-    return max(1, _CHUNK_ELEMS // max(1, N * S * blk))
-
-
-def lists_from_element_chunks(
-    chunk_fn: Callable[[int, int], torch.Tensor], N: int, S: int, blk: int, device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    nqb = nkb = -(-S // blk)
-    step = chunk_rows_step(N, S, blk)
-    idx_chunks, cnt_chunks = [], []
-    for m0 in range(0, nqb, step):
-        i, c = lists_from_chunks(
-            lambda a, b, o=m0: chunk_fn(o + a, o + b), N, min(step, nqb - m0), nkb, device
-        )
-        idx_chunks.append(i)
-        cnt_chunks.append(c)
-    maxb = max(i.shape[-1] for i in idx_chunks)
-    idx = torch.cat(
-        [torch.nn.functional.pad(i, (0, maxb - i.shape[-1])) for i in idx_chunks], dim=1
-    )
-    return idx, torch.cat(cnt_chunks, dim=1)

@@ -72,7 +72,7 @@ def column_mass(
     if resolve_impl(impl, q_rows.device, "column_mass") == "reference":
         return column_mass_reference(q_rows, k, scale=scale)
     check_triton_head_dim(D, "column_mass")
-    from .triton import column_mass_triton
+    from .columns_triton import column_mass_triton
 
     return column_mass_triton(q_rows, k, scale=scale)
 

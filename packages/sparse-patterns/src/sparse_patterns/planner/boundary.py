@@ -10,7 +10,8 @@ import torch
 from sparse_kernels.permuted import grid_permutation
 
 from .. import estimate as E
-from ..block_lists import element_block_mask, lists_from_chunks, lists_from_element_chunks
+from ..block_lists import lists_from_chunks
+from ..element_lists import element_block_mask, lists_from_element_chunks
 from ..patterns import Grid, VerticalSlash
 from .context import LayerContext, per_head, topk_per_head
 from .group import GroupPlan
@@ -326,7 +327,7 @@ def _plan_q_boundary_grid(ctx: LayerContext, hs, cfgs) -> GroupPlan:
 
 
 def _element_block_mask_per_head(row_fn, q_perm, kv_perm, N: int, S: int, blk: int):
-    """As :func:`~sparse_patterns.plan.element_block_mask` with per-head ``[N, S]``
+    """As :func:`~sparse_patterns.element_lists.element_block_mask` with per-head ``[N, S]``
     permutations; ``row_fn(rows [N, R]) -> bool [N, R, S]``."""
     nkb = -(-S // blk)
     pad = nkb * blk - S

@@ -180,7 +180,7 @@ def test_launchers_look_up_their_key(monkeypatch):
         ),
         "triangle": (
             lambda: triangle_attention(q, k, v, sink=4, window=16, last=8, impl="triton"),
-            dict(variant="", blocks=()),
+            dict(variant="narrow", blocks=()),
         ),
         "block_sparse": (
             lambda: block_sparse_attention(q, k, v, bm, impl="triton"),
@@ -214,6 +214,20 @@ def test_launchers_look_up_their_key(monkeypatch):
         call()
         kw = {**common, **want}
         assert seen == [(mod.SPEC.name, kw)], f"{mod_name}: looked up {seen}"
+
+
+def test_triangle_window_classes():
+    """Windows up to NARROW_WINDOW keys look up the "narrow" entries, longer ones the others; the
+    tuner's triangle shapes fall one in each class."""
+    from sparse_kernels.triangle.triton import NARROW_WINDOW, config_variant
+    from sparse_kernels.tuning.cases import TRIANGLE_SHAPES
+
+    assert config_variant(1) == config_variant(NARROW_WINDOW) == "narrow"
+    assert config_variant(NARROW_WINDOW + 1) == ""
+    assert {v: config_variant(w) for v, (_, w, _) in TRIANGLE_SHAPES.items()} == {
+        "": "",
+        "narrow": "narrow",
+    }
 
 
 @pytest.mark.parametrize(

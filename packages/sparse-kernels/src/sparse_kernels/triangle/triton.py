@@ -32,8 +32,21 @@ def _key_tile_divides_chunks(config: LaunchConfig, blocks: tuple[int, ...] = ())
     return _CHUNK_ALIGN % config["BLOCK_N"] == 0
 
 
-# Launch configs: looked up per GPU, shape and length in the tuned tables (sparse_kernels.tuning);
-# a tuning run times these candidates.
+# A window of at most this many keys gives each row tile a short key loop, which wants other tiles
+# than a long one: on an H100 at 128K, (sink 8, window 512, last 128) takes 3.88 ms with 64x32
+# tiles and 4.61 with 128x128, (128, 4096, 128) 19.88 and 16.98 ms
+# (results/triangle/triangle-configs-by-window-H100-2026-11-27.jsonl).
+NARROW_WINDOW = 1024
+
+
+def config_variant(window: int) -> str:
+    """The tuning tables' variant of a call: ``"narrow"`` for a window of at most
+    :data:`NARROW_WINDOW` keys, else ``""``."""
+    return "narrow" if window <= NARROW_WINDOW else ""
+
+
+# Launch configs: looked up per GPU, shape, window class (config_variant) and length in the tuned
+# tables (sparse_kernels.tuning); a tuning run times these candidates.
 SPEC = KernelSpec(
     name="triangle",
     candidates=(
@@ -330,7 +343,8 @@ def _launch_triangle_fwd(
     H_KV, S_KV = k.shape[1], k.shape[2]
     if config is None:
         config = choose_config(
-            SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S_KV
+            SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S_KV,
+            variant=config_variant(window),
         )
     elif not _key_tile_divides_chunks(config):
         raise ValueError(

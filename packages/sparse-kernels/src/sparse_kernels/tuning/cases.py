@@ -1,9 +1,8 @@
 """What the tuner times: one case per tuned op, built like the calls a prefill makes.
 
 A case turns a model's attention shape and a key length into a tuple of :class:`Prepared` calls,
-one per variant of the op that is tuned (one for every op but ``vertical_slash`` and
-``permuted``): random inputs
-with the structure of a real call (the block sizes, list densities and permutations the planners
+one per variant of the op that is tuned (one for every op but ``vertical_slash``, ``permuted``
+and ``triangle``): random inputs with the structure of a real call (the block sizes, list densities and permutations the planners
 launch with), the lookup key the op's launcher asks ``choose_config`` for on those inputs
 (variant, blocks, length), and a function that launches the op's kernel with a given
 :class:`~sparse_kernels.tuning.LaunchConfig`. Inputs are seeded: two runs time the same work.
@@ -21,10 +20,11 @@ The shapes, and where they come from:
   each its own table entry (variant ``"causal-64x64"``, ``"causal-128x128"``): the planner's
   default 64x64 and the 128x128 of ``plan_layer(block=128)`` (``vlm-accel --block 128``). On an
   H100 the two want different tiles (``results/grid/permuted-configs-H100-2026-11-26.json``).
-* ``triangle``: ``triangle_attention(sink=128, window=4096, last=128)``, TriangleMix's
-  deep-layer shape at long context (the TTFT benchmark's). The table key has no sink or window,
-  so this entry also serves ``triangle_mix.LayerPolicy``'s smaller default (sink 8, window
-  512), whose window loop is shorter.
+* ``triangle``: two window classes, each its own table entry (``triangle.triton.config_variant``):
+  ``triangle_attention(sink=128, window=4096, last=128)``, TriangleMix's deep-layer shape at
+  long context (the TTFT benchmark's; variant ``""``, every window over 1024 keys), and
+  ``triangle_mix.LayerPolicy``'s default (sink 8, window 512, last 128; variant ``"narrow"``),
+  whose short window loop wants narrower tiles.
 * ``vertical_slash``: MInference's default 1000 verticals and 1024 slashes
   (``sparse_patterns.VerticalSlash``) at two tile shapes, each its own table entry (variant
   ``"64x64"``, ``"128x128"``): the planner's 64x64 blocks, and the 128x128 blocks of
@@ -51,7 +51,8 @@ PERMUTED_BLOCKS = (PLANNER_BLOCK, 128)  # square blocks tuned for permuted
 BLOCK_SPARSE_BLOCK = 128
 BLOCK_SPARSE_DENSITY = 0.10
 TOKENS_PER_FRAME = 256  # Qwen2.5-VL: 448x448 frames after the 2x2 merge, the Grid stride
-TRIANGLE_SHAPE = (128, 4096, 128)  # (sink, window, last), see the module docstring
+# (sink, window, last) per table variant, see the module docstring
+TRIANGLE_SHAPES = MappingProxyType({"": (128, 4096, 128), "narrow": (8, 512, 128)})
 N_VERTICAL, N_SLASH = 1000, 1024  # sparse_patterns.VerticalSlash defaults
 LAST_Q = 64  # sparse_patterns.VerticalSlash / Grid last_q
 
@@ -274,19 +275,22 @@ def _triangle_spec() -> KernelSpec:
     return SPEC
 
 
-def _triangle(shape: TuneShape, S: int, device: torch.device) -> tuple[Prepared]:
+def _triangle(shape: TuneShape, S: int, device: torch.device) -> tuple[Prepared, ...]:
     from ..triangle.triton import _launch_triangle_fwd
 
     q, k, v = _qkv(shape, S, device)
-    sink, window, last = TRIANGLE_SHAPE
     scale = _scale(shape)
 
-    def run(config: LaunchConfig):
-        return _launch_triangle_fwd(
-            q, k, v, sink=sink, window=window, last=last, scale=scale, config=config
-        )
+    def prepared(variant: str) -> Prepared:
+        sink, window, last = TRIANGLE_SHAPES[variant]
+        def run(config: LaunchConfig):
+            return _launch_triangle_fwd(
+                q, k, v, sink=sink, window=window, last=last, scale=scale, config=config
+            )
 
-    return (Prepared("triangle", "", (), S, run),)
+        return Prepared("triangle", variant, (), S, run)
+
+    return tuple(prepared(variant) for variant in TRIANGLE_SHAPES)
 
 
 # ---- vertical_slash ----

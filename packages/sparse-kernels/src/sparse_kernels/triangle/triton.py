@@ -345,7 +345,7 @@ def _launch_triangle_fwd(
         config = choose_config(
             SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S_KV,
             variant=config_variant(window),
-        )
+        )  # fmt: skip
     elif not _key_tile_divides_chunks(config):
         raise ValueError(
             f"triangle_attention: launch config BLOCK_N must divide {_CHUNK_ALIGN}, got {config}"

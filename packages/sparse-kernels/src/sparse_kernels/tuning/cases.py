@@ -283,6 +283,7 @@ def _triangle(shape: TuneShape, S: int, device: torch.device) -> tuple[Prepared,
 
     def prepared(variant: str) -> Prepared:
         sink, window, last = TRIANGLE_SHAPES[variant]
+
         def run(config: LaunchConfig):
             return _launch_triangle_fwd(
                 q, k, v, sink=sink, window=window, last=last, scale=scale, config=config

@@ -35,7 +35,7 @@ def _key_tile_divides_chunks(config: LaunchConfig, blocks: tuple[int, ...] = ())
 # A window of at most this many keys gives each row tile a short key loop, which wants other tiles
 # than a long one: on an H100 at 128K, (sink 8, window 512, last 128) takes 3.88 ms with 64x32
 # tiles and 4.61 with 128x128, (128, 4096, 128) 19.88 and 16.98 ms
-# (results/triangle/triangle-configs-by-window-H100-2026-11-27.jsonl).
+# (results/triangle/triangle-configs-by-window-H100-2026-11-27.json).
 NARROW_WINDOW = 1024
 
 

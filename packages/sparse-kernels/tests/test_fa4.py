@@ -112,14 +112,27 @@ def test_auto_table_names_only_ops_with_an_fa4_path():
         "vertical_slash_attention",
     }
     block_ops = {"block_sparse_attention", "vertical_slash_attention"}
-    for op, major, dtype, head_dim, blocks in fa4.AUTO_FA4:
+    for op, major, dtype, head_dim, variant in fa4.AUTO_FA4:
         assert op in ops and major in fa4.support.ARCH_MAJORS
         assert dtype in fa4.support.DTYPES and head_dim % fa4.support.HEAD_DIM_STEP == 0
-        # block-list ops are keyed by their block size, the others by none
-        assert (blocks is not None) == (op in block_ops)
-        assert blocks is None or all(b in fa4.support.BLOCK_SIZES for b in blocks)
+        # block-list ops are keyed by their block size, the triangle by its window class, the
+        # others by none
+        if op in block_ops:
+            assert all(b in fa4.support.BLOCK_SIZES for b in variant)
+        elif op == "triangle_attention":
+            assert variant in ("narrow", "wide")
+        else:
+            assert variant is None
     q = torch.zeros(1, 2, 8, 128, dtype=torch.bfloat16)
     assert not fa4.auto_prefers("attention", q)  # off CUDA, never
+
+
+def test_auto_table_variants_in_words():
+    from sparse_kernels.__main__ import _variant_words
+
+    assert _variant_words(None) == ""
+    assert _variant_words((128, 64)) == ", 128x64 blocks"
+    assert _variant_words("wide") == ", wide windows"
 
 
 @pytest.mark.skipif(fa4.support.import_problem() is None, reason="flash-attn-4 is installed here")
@@ -242,6 +255,12 @@ def test_auto_runs_the_table_engine_and_triton_for_what_fa4_cannot():
         kw = dict(block_m=bs, block_n=bs)
         auto = vertical_slash_attention(q, k, v, vi, si, impl="auto", **kw)
         assert torch.equal(auto.out, vertical_slash_attention(q, k, v, vi, si, impl=want, **kw).out)
+    # The triangle is keyed by window class: Triton up to 1024 keys, FA4 above (sm90, bf16, D=128).
+    q, k, v = make_qkv(1, 4, 2, 2048, 2048, 128, dtype=torch.bfloat16, device="cuda")
+    for window, want in ((512, "triton"), (2048, "fa4")):
+        kw = dict(sink=8, window=window, last=64)
+        auto = triangle_attention(q, k, v, impl="auto", **kw)
+        assert torch.equal(auto.out, triangle_attention(q, k, v, impl=want, **kw).out)
 
 
 # (B, H, H_KV, S_Q, S_KV, D, sink, window, last)

@@ -219,13 +219,13 @@ def test_launchers_look_up_their_key(monkeypatch):
 def test_triangle_window_classes():
     """Windows up to NARROW_WINDOW keys look up the "narrow" entries, longer ones the others; the
     tuner's triangle shapes fall one in each class."""
-    from sparse_kernels.triangle.triton import NARROW_WINDOW, config_variant
+    from sparse_kernels.triangle.window import NARROW_WINDOW, window_class
     from sparse_kernels.tuning.cases import TRIANGLE_SHAPES
 
-    assert config_variant(1) == config_variant(NARROW_WINDOW) == "narrow"
-    assert config_variant(NARROW_WINDOW + 1) == ""
-    assert {v: config_variant(w) for v, (_, w, _) in TRIANGLE_SHAPES.items()} == {
-        "": "",
+    assert window_class(1) == window_class(NARROW_WINDOW) == "narrow"
+    assert window_class(NARROW_WINDOW + 1) == "wide"
+    assert {v: window_class(w) for v, (_, w, _) in TRIANGLE_SHAPES.items()} == {
+        "wide": "wide",
         "narrow": "narrow",
     }
 

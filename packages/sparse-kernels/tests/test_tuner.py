@@ -46,7 +46,7 @@ VARIANTS = {
     "attention": ["causal"],
     "block_sparse": ["causal"],
     "permuted": ["causal-64x64", "causal-128x128"],
-    "triangle": ["", "narrow"],
+    "triangle": ["wide", "narrow"],
     "vertical_slash": ["64x64", "128x128"],
     "line_scores": ["rows64"],
 }

@@ -49,6 +49,15 @@ def check() -> int:
     return 0 if ok else 1
 
 
+def _variant_words(variant: tuple[int, int] | str | None) -> str:
+    """An AUTO_FA4 key's variant as words: its block size, or its window class."""
+    if variant is None:
+        return ""
+    if isinstance(variant, str):
+        return f", {variant} windows"
+    return f", {variant[0]}x{variant[1]} blocks"
+
+
 def _fa4_line() -> str:
     """Whether ``impl="auto"`` can pick FA4 here, and if not, why (one line)."""
     from sparse_kernels import fa4
@@ -56,9 +65,8 @@ def _fa4_line() -> str:
     if fa4.available():
         major = torch.cuda.get_device_capability()[0]
         keys = sorted(
-            f"{op} ({str(dt).removeprefix('torch.')}, D={d}"
-            + (f", {blocks[0]}x{blocks[1]} blocks)" if blocks else ")")
-            for op, m, dt, d, blocks in fa4.AUTO_FA4 if m == major
+            f"{op} ({str(dt).removeprefix('torch.')}, D={d}" + _variant_words(variant) + ")"
+            for op, m, dt, d, variant in fa4.AUTO_FA4 if m == major
         )  # fmt: skip
         return f"flash-attn-4 {fa4.version()}; impl='auto' runs it for {', '.join(keys) or 'no op'}"
     missing = fa4.support.import_problem()

@@ -92,16 +92,16 @@ def resolve_impl(
     *,
     fa4: Callable[[], tuple[type[Exception], str] | None] | None = None,
     like: torch.Tensor | None = None,
-    blocks: tuple[int, int] | None = None,
+    variant: tuple[int, int] | str | None = None,
 ) -> str:
     """The engine that runs ``op``: ``"reference"``, ``"triton"`` or ``"fa4"``.
 
     ``fa4`` is given by the ops FlashAttention-4 can run: it says why FA4 cannot run this input
     (``(exception type, reason)``) or ``None``; ``like`` is the op's ``q`` (its GPU, dtype and
-    head dim key the auto table) and ``blocks`` the block size of the ops that take block lists
-    (``None`` for the others). ``"fa4"`` raises that reason (or, for an op without ``fa4``, that
+    head dim key the auto table) and ``variant`` its variant there (the block size of the ops that
+    take block lists, the triangle's window class, ``None`` for the others). ``"fa4"`` raises that reason (or, for an op without ``fa4``, that
     FA4 has no kernel for it). ``"auto"`` is the reference off CUDA; on CUDA it is FA4 where
-    :data:`sparse_kernels.fa4.AUTO_FA4` lists the op for ``like`` and ``blocks`` and FA4 can run
+    :data:`sparse_kernels.fa4.AUTO_FA4` lists the op for ``like`` and ``variant`` and FA4 can run
     the input, else triton.
     """
     if impl not in IMPLS:
@@ -123,7 +123,7 @@ def resolve_impl(
         if (
             fa4 is not None
             and like is not None
-            and _auto_prefers_fa4(op, like, blocks)
+            and _auto_prefers_fa4(op, like, variant)
             and fa4() is None
         ):
             return "fa4"
@@ -138,10 +138,10 @@ def resolve_impl(
     return impl
 
 
-def _auto_prefers_fa4(op: str, like: torch.Tensor, blocks: tuple[int, int] | None) -> bool:
+def _auto_prefers_fa4(op: str, like: torch.Tensor, variant: tuple[int, int] | str | None) -> bool:
     from .fa4 import auto_prefers
 
-    return auto_prefers(op, like, blocks)
+    return auto_prefers(op, like, variant)
 
 
 def check_triton_head_dim(D: int, op: str) -> None:

@@ -156,7 +156,7 @@ def block_sparse_attention(
     which = resolve_impl(
         impl, q.device, _OP,
         fa4=lambda: block_lists_problem(q, block_size=(BM, BN), causal=causal, S_KV=S_KV),
-        like=q, blocks=(BM, BN),
+        like=q, variant=(BM, BN),
     )  # fmt: skip
     if which == "reference":
         return block_sparse_attention_reference(q, k, v, block_mask, causal=causal, scale=scale)

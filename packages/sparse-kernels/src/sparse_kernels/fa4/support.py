@@ -150,24 +150,25 @@ def _problem(q: torch.Tensor, block_size: tuple[int, int] | None) -> Problem | N
 
 
 # Where impl="auto" runs FA4 (when FA4 can run the input): (op, compute-capability major, dtype,
-# head dim, block size (BLOCK_M, BLOCK_N) for the ops that take block lists, else None), each
-# measured faster than our Triton kernel there (docs/kernels/fa4.md, whose table gives the figures
-# and the one shape where an entry is not faster). FA4's 64-row tiles are slower than its 128-row
-# ones, so block-list ops are listed per block size.
+# head dim, variant), each measured faster than our Triton kernel there (docs/kernels/fa4.md, whose
+# table gives the figures and the one shape where an entry is not faster). The variant is the block
+# size (BLOCK_M, BLOCK_N) of the ops that take block lists (FA4's 64-row tiles are slower than its
+# 128-row ones), the window class of the triangle (triangle.window.window_class: with a window of
+# at most 1024 keys our Triton kernel is the faster), else None.
 AUTO_FA4 = frozenset(
     {
         ("attention", 9, torch.bfloat16, 128, None),
         ("block_sparse_attention", 9, torch.bfloat16, 128, (128, 128)),
-        ("triangle_attention", 9, torch.bfloat16, 128, None),
+        ("triangle_attention", 9, torch.bfloat16, 128, "wide"),
         ("vertical_slash_attention", 9, torch.bfloat16, 128, (128, 128)),
     }
 )
 
 
-def auto_prefers(op: str, q: torch.Tensor, blocks: tuple[int, int] | None = None) -> bool:
-    """Whether :data:`AUTO_FA4` lists ``op`` for ``q``'s GPU, dtype and head dim (and, for the
-    block-list ops, ``blocks``)."""
+def auto_prefers(op: str, q: torch.Tensor, variant: tuple[int, int] | str | None = None) -> bool:
+    """Whether :data:`AUTO_FA4` lists ``op`` for ``q``'s GPU, dtype and head dim, and ``variant``
+    (the block size of the block-list ops, the triangle's window class, else None)."""
     if q.device.type != "cuda":
         return False
     major = torch.cuda.get_device_capability(q.device)[0]
-    return (op, major, q.dtype, q.shape[-1], blocks) in AUTO_FA4
+    return (op, major, q.dtype, q.shape[-1], variant) in AUTO_FA4

@@ -8,6 +8,7 @@ from .._types import AttentionOutput
 from .._validate import check_qkv, check_scale, check_triton_head_dim, resolve_impl
 from ..fa4 import triangle_problem
 from .reference import triangle_attention_reference
+from .window import window_class
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -52,8 +53,9 @@ def triangle_attention(
             for the sink keys and the last rows: ``docs/kernels/fa4.md``; the ``hopper`` extra,
             fp16/bf16 on sm90, head dims up to 128; anything else raises, naming why),
             ``"reference"`` (scores and softmax in float32) or ``"auto"`` (on CUDA, FA4 where
-            :data:`sparse_kernels.fa4.AUTO_FA4` lists the op and FA4 can run the input, else
-            triton; the reference elsewhere).
+            :data:`sparse_kernels.fa4.AUTO_FA4` lists the op for the window's class and FA4
+            can run the input, else triton: on sm90 in bf16 with D=128, FA4 for windows over
+            1024 keys, Triton for the others; the reference elsewhere).
 
     Non-finite inputs: a NaN or inf in ``k`` at a key that a row does not attend never reaches
     that row (its score is masked before the softmax). In ``v``, a key that no row attends cannot
@@ -73,8 +75,9 @@ def triangle_attention(
     # the kernels' int32 arguments and the reference's index arithmetic.
     sink, window, last = min(sink, S_KV), min(window, S_KV), min(last, S_Q)
     which = resolve_impl(
-        impl, q.device, "triangle_attention", fa4=lambda: triangle_problem(q), like=q
-    )
+        impl, q.device, "triangle_attention", fa4=lambda: triangle_problem(q), like=q,
+        variant=window_class(window),
+    )  # fmt: skip
     if which == "reference":
         return triangle_attention_reference(
             q, k, v, sink=sink, window=window, last=last, scale=scale

@@ -22,6 +22,7 @@ from .._triton.config import FP32_CONFIG, block_d
 from .._triton.inner import _attn_tile_inner, _finish_rows
 from .._validate import check_int32_key_offsets
 from ..tuning import KernelSpec, LaunchConfig, choose_config
+from .window import window_class
 
 # Key chunks of the dense last rows are a multiple of every candidate's BLOCK_N.
 _CHUNK_ALIGN = 128
@@ -32,21 +33,8 @@ def _key_tile_divides_chunks(config: LaunchConfig, blocks: tuple[int, ...] = ())
     return _CHUNK_ALIGN % config["BLOCK_N"] == 0
 
 
-# A window of at most this many keys gives each row tile a short key loop, which wants other tiles
-# than a long one: on an H100 at 128K, (sink 8, window 512, last 128) takes 3.88 ms with 64x32
-# tiles and 4.61 with 128x128, (128, 4096, 128) 19.88 and 16.98 ms
-# (results/triangle/triangle-configs-by-window-H100-2026-11-27.json).
-NARROW_WINDOW = 1024
-
-
-def config_variant(window: int) -> str:
-    """The tuning tables' variant of a call: ``"narrow"`` for a window of at most
-    :data:`NARROW_WINDOW` keys, else ``""``."""
-    return "narrow" if window <= NARROW_WINDOW else ""
-
-
-# Launch configs: looked up per GPU, shape, window class (config_variant) and length in the tuned
-# tables (sparse_kernels.tuning); a tuning run times these candidates.
+# Launch configs: looked up per GPU, shape, window class and length in the tuned tables
+# (sparse_kernels.tuning); a tuning run times these candidates.
 SPEC = KernelSpec(
     name="triangle",
     candidates=(
@@ -344,7 +332,7 @@ def _launch_triangle_fwd(
     if config is None:
         config = choose_config(
             SPEC, device=q.device, head_dim=D, dtype=q.dtype, group=H // H_KV, seq_len=S_KV,
-            variant=config_variant(window),
+            variant=window_class(window),
         )  # fmt: skip
     elif not _key_tile_divides_chunks(config):
         raise ValueError(

@@ -20,9 +20,9 @@ The shapes, and where they come from:
   each its own table entry (variant ``"causal-64x64"``, ``"causal-128x128"``): the planner's
   default 64x64 and the 128x128 of ``plan_layer(block=128)`` (``vlm-accel --block 128``). On an
   H100 the two want different tiles (``results/grid/permuted-configs-H100-2026-11-26.json``).
-* ``triangle``: two window classes, each its own table entry (``triangle.triton.config_variant``):
+* ``triangle``: two window classes, each its own table entry (``triangle.window.window_class``):
   ``triangle_attention(sink=128, window=4096, last=128)``, TriangleMix's deep-layer shape at
-  long context (the TTFT benchmark's; variant ``""``, every window over 1024 keys), and
+  long context (the TTFT benchmark's; variant ``"wide"``, every window over 1024 keys), and
   ``triangle_mix.LayerPolicy``'s default (sink 8, window 512, last 128; variant ``"narrow"``),
   whose short window loop wants narrower tiles.
 * ``vertical_slash``: MInference's default 1000 verticals and 1024 slashes
@@ -52,7 +52,7 @@ BLOCK_SPARSE_BLOCK = 128
 BLOCK_SPARSE_DENSITY = 0.10
 TOKENS_PER_FRAME = 256  # Qwen2.5-VL: 448x448 frames after the 2x2 merge, the Grid stride
 # (sink, window, last) per table variant, see the module docstring
-TRIANGLE_SHAPES = MappingProxyType({"": (128, 4096, 128), "narrow": (8, 512, 128)})
+TRIANGLE_SHAPES = MappingProxyType({"wide": (128, 4096, 128), "narrow": (8, 512, 128)})
 N_VERTICAL, N_SLASH = 1000, 1024  # sparse_patterns.VerticalSlash defaults
 LAST_Q = 64  # sparse_patterns.VerticalSlash / Grid last_q
 

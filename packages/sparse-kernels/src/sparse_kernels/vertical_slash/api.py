@@ -154,7 +154,7 @@ def vertical_slash_attention(
     scale = check_scale(scale, D)
     check_indices = check_bool(check_indices, "check_indices", _OP)
     which = resolve_impl(
-        impl, q.device, _OP, like=q, blocks=(block_m, block_n),
+        impl, q.device, _OP, like=q, variant=(block_m, block_n),
         fa4=lambda: block_lists_problem(q, block_size=(block_m, block_n), causal=True, S_KV=S_KV),
     )  # fmt: skip
     for nm, t, n in (("vertical_indices", vertical_indices, "NV"),

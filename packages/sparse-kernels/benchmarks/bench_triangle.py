@@ -113,15 +113,17 @@ def _provider(name, q, k, v, sink, window, last):
     raise ValueError(name)
 
 
-def _chosen_config(q: torch.Tensor, k: torch.Tensor) -> str:
+def _chosen_config(q: torch.Tensor, k: torch.Tensor, window: int) -> str:
     """The launch config the fused kernel looked up for this call, and where it came from (user
-    cache, shipped table, nearest entry or safe config)."""
+    cache, shipped table, borrowed, nearest entry or safe config)."""
     from sparse_kernels.triangle.triton import SPEC
+    from sparse_kernels.triangle.window import window_class
     from sparse_kernels.tuning.lookup import CHOOSER
 
     choice = CHOOSER.choose(
         SPEC, device=q.device, head_dim=q.shape[-1], dtype=q.dtype,
         group=q.shape[1] // k.shape[1], seq_len=k.shape[2],
+        variant=window_class(min(window, k.shape[2])),
     )  # fmt: skip
     return f"{choice.config} ({choice.source})"
 
@@ -179,6 +181,6 @@ def test_triangle_attention(benchmark, seq, pattern, config, provider):
         kv_repeated=provider == "minference",
         rel_err=err,
         same_op=not dense,
-        config=_chosen_config(q, k) if provider == "ours-triton" else None,
+        config=_chosen_config(q, k, window) if provider == "ours-triton" else None,
     )
     _RESULTS[(case, provider)] = dict(benchmark.extra_info)

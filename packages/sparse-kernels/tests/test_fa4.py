@@ -256,6 +256,8 @@ def test_auto_runs_the_table_engine_and_triton_for_what_fa4_cannot():
         auto = vertical_slash_attention(q, k, v, vi, si, impl="auto", **kw)
         assert torch.equal(auto.out, vertical_slash_attention(q, k, v, vi, si, impl=want, **kw).out)
     # The triangle is keyed by window class: Triton up to 1024 keys, FA4 above (sm90, bf16, D=128).
+    assert fa4.auto_prefers("triangle_attention", q, "wide")
+    assert not fa4.auto_prefers("triangle_attention", q, "narrow")
     q, k, v = make_qkv(1, 4, 2, 2048, 2048, 128, dtype=torch.bfloat16, device="cuda")
     for window, want in ((512, "triton"), (2048, "fa4")):
         kw = dict(sink=8, window=window, last=64)

@@ -215,6 +215,26 @@ def test_a_gpu_without_tables_borrows_those_of_its_compute_capability(cache, cap
     assert "using a safe one" in safe
 
 
+def test_a_variant_the_table_lacks_comes_from_its_compute_capability(cache, caplog):
+    # The H200 table has no narrow-window triangle entries; the H100 table has.
+    h100 = ConfigTable.load(shipped_table_path("h100"))
+    h200 = ConfigTable.load(shipped_table_path("h200"))
+    assert not any(e.op == "triangle" and e.variant == "narrow" for e in h200.entries)
+    want = next(e for e in h100.entries if e.key == ("triangle", "narrow", 128, "bfloat16", 7, 8))
+    spec = KernelSpec("triangle", (SMALL, MID, BIG), SMALL)
+    args = dict(head_dim=128, dtype=torch.bfloat16, group=7, seq_len=131072)
+    with caplog.at_level(logging.WARNING, logger="sparse_kernels.tuning"):
+        got = ConfigChooser().lookup(
+            spec, family="h200", capability="9.0", variant="narrow", **args
+        )
+        wide = ConfigChooser().lookup(spec, family="h200", capability="9.0", variant="wide", **args)
+        alone = ConfigChooser().lookup(spec, family="h200", capability="", variant="narrow", **args)
+    assert (got.source, got.config, got.entry) == ("borrowed", want.config, want)
+    assert wide.source == "shipped" and wide.entry.variant == "wide"
+    assert alone.source == "nearest" and alone.entry.variant == "wide"  # no capability: its own
+    assert "using the 'narrow' entries of h100" in caplog.records[0].getMessage()
+
+
 @pytest.mark.parametrize("family", ["h100", "h200"])
 def test_the_shipped_table_is_chosen_on_its_gpu(family, cache):
     table = ConfigTable.load(shipped_table_path(family))

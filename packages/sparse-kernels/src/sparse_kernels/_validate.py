@@ -98,8 +98,8 @@ def resolve_impl(
 
     ``fa4`` is given by the ops FlashAttention-4 can run: it says why FA4 cannot run this input
     (``(exception type, reason)``) or ``None``; ``like`` is the op's ``q`` (its GPU, dtype and
-    head dim key the auto table) and ``variant`` its variant there (the block size of the ops that
-    take block lists, the triangle's window class, ``None`` for the others). ``"fa4"`` raises that reason (or, for an op without ``fa4``, that
+    head dim key the auto table) and ``variant`` its variant there (the block size of the ops
+    that take block lists, the triangle's window class, ``None`` for the others). ``"fa4"`` raises that reason (or, for an op without ``fa4``, that
     FA4 has no kernel for it). ``"auto"`` is the reference off CUDA; on CUDA it is FA4 where
     :data:`sparse_kernels.fa4.AUTO_FA4` lists the op for ``like`` and ``variant`` and FA4 can run
     the input, else triton.

@@ -154,7 +154,7 @@ def _problem(q: torch.Tensor, block_size: tuple[int, int] | None) -> Problem | N
 # table gives the figures and the one shape where an entry is not faster). The variant is the block
 # size (BLOCK_M, BLOCK_N) of the ops that take block lists (FA4's 64-row tiles are slower than its
 # 128-row ones), the window class of the triangle (triangle.window.window_class: with a window of
-# at most 1024 keys our Triton kernel is the faster), else None.
+# at most 1024 keys our Triton kernel is as fast or faster), else None.
 AUTO_FA4 = frozenset(
     {
         ("attention", 9, torch.bfloat16, 128, None),

@@ -1,8 +1,8 @@
 """What the tuner times: one case per tuned op, built like the calls a prefill makes.
 
 A case turns a model's attention shape and a key length into a tuple of :class:`Prepared` calls,
-one per variant of the op that is tuned (one for every op but ``vertical_slash``, ``permuted``
-and ``triangle``): random inputs with the structure of a real call (the block sizes, list densities and permutations the planners
+one per variant of the op that is tuned (one for every op but ``vertical_slash``,
+``permuted`` and ``triangle``): random inputs with the structure of a real call (the block sizes, list densities and permutations the planners
 launch with), the lookup key the op's launcher asks ``choose_config`` for on those inputs
 (variant, blocks, length), and a function that launches the op's kernel with a given
 :class:`~sparse_kernels.tuning.LaunchConfig`. Inputs are seeded: two runs time the same work.

@@ -7,7 +7,8 @@ Order, for a 16-bit call on a GPU (fp32 and the interpreter have their own fixed
 3. the nearest entry of either with the same op and head dim whose tiles fit the call: same
    variant first, then same dtype, then the closest length bucket, then the closest GQA group.
    A family with neither table uses the shipped tables of GPUs of its compute capability
-   (same shared memory and instructions: their configs fit), with a one-line hint;
+   (same shared memory and instructions: their configs fit), with a one-line hint; so does a
+   variant that the family's tables lack (say a triangle window class tuned on an H100 only);
 4. the kernel's safe config (:meth:`KernelSpec.safe`), with a one-line hint.
 
 A hint is logged once per process and (GPU family, op, head dim), and names the tuning command.
@@ -168,19 +169,46 @@ class ConfigChooser:
         for e in usable:
             if e.key == key:
                 return Choice(e.config, "borrowed" if family in self._borrowed else "shipped", e)
+
+        def nearness(e: TableEntry) -> tuple:
+            return (e.variant != variant, e.dtype != dname, abs(e.bucket - bucket),
+                    abs(e.group - group))  # fmt: skip
+
+        if family not in self._borrowed and not any(e.variant == variant for e in usable):
+            kin = self._kin_entries(family, capability, spec, head_dim, variant, blocks)
+            if kin:
+                names = ", ".join(sorted({t.family for t, _ in kin}))
+                self._hint(family, spec.name, head_dim,
+                           f"using the {variant!r} entries of {names} (same compute capability)")  # fmt: skip
+                best = min((e for _, e in kin), key=nearness)
+                return Choice(best.config, "borrowed", best)
         if usable:
-            best = min(
-                usable,
-                key=lambda e: (
-                    e.variant != variant,
-                    e.dtype != dname,
-                    abs(e.bucket - bucket),
-                    abs(e.group - group),
-                ),
-            )
+            best = min(usable, key=nearness)
             return Choice(best.config, "nearest", best)
         self._hint(family, spec.name, head_dim, "using a safe one")
         return Choice(spec.safe(blocks), "safe")
+
+    @staticmethod
+    def _kin_entries(
+        family: str,
+        capability: str,
+        spec: KernelSpec,
+        head_dim: int,
+        variant: str,
+        blocks: tuple[int, ...],
+    ) -> list[tuple[ConfigTable, TableEntry]]:
+        """The fitting entries of ``spec``'s op, head dim and variant in the shipped tables of the
+        other families of compute capability ``capability`` (none without one)."""
+        if not capability:
+            return []
+        return [
+            (t, e)
+            for t in shipped_tables()
+            if t.family != family and t.capability == capability
+            for e in t.entries
+            if e.op == spec.name and e.head_dim == head_dim and e.variant == variant
+            and spec.fits(e.config, blocks)
+        ]  # fmt: skip
 
     def _hint(self, family: str, op: str, head_dim: int, what: str) -> None:
         key = (family, op, head_dim)

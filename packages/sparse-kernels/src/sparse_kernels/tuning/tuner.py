@@ -160,8 +160,8 @@ def tune(
     """Tune ``ops`` for one attention shape at each key length and write the table.
 
     For each op and length, the op's case (:mod:`sparse_kernels.tuning.cases`) builds one call
-    per variant the op is tuned for (``vertical_slash``: 64x64 and 128x128 tiles, on shared
-    inputs; every other op: one), each with inputs like a real call and the key its launcher
+    per variant the op is tuned for (``vertical_slash`` and ``permuted``: 64x64 and 128x128
+    tiles, on shared inputs; ``triangle``: a narrow and a wide window; every other op: one), each with inputs like a real call and the key its launcher
     looks up, and each variant is tuned as its own table entry: every candidate of the op's
     ``KernelSpec`` that fits the call's blocks is timed (``timer(call) -> ms``; default
     ``sparse_kernels._triton.config.bench_config``: one untimed call, then timing). A candidate

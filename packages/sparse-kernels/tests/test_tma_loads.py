@@ -7,6 +7,7 @@ from sparse_kernels._triton.tma import kv_descriptors, tma_default, tma_layout_o
 from sparse_kernels.attention.triton import _launch_attention_fwd
 from sparse_kernels.block_sparse.triton import _launch_block_sparse_fwd
 from sparse_kernels.testing import default_device, make_qkv
+from sparse_kernels.triangle.triton import _launch_triangle_fwd
 from sparse_kernels.vertical_slash import build_vertical_slash_index
 from sparse_kernels.vertical_slash.triton import _launch_vertical_slash_fwd
 
@@ -60,6 +61,52 @@ def test_block_sparse_tma_equals_index_loads(causal):
     ]
     _same(*run)
 
+
+
+@needs_tma
+@pytest.mark.parametrize(
+    "S_Q,S_KV,sink,window,last,chunk",
+    [
+        # the sink tile (16 keys, index loads) beside 32-key window tiles; last rows in 2 chunks
+        pytest.param(150, 150, 8, 40, 20, 128, id="S150-s8-w40-l20"),
+        # a sink of two 32-key tiles, no last rows
+        pytest.param(200, 200, 40, 33, 0, 128, id="S200-s40-w33"),
+        # rows after a prefix of keys: the window reaches back into it; 3 key chunks
+        pytest.param(70, 300, 4, 90, 9, 128, id="SQ70-SKV300-s4-w90-l9"),
+    ],
+)
+def test_triangle_tma_equals_index_loads(S_Q, S_KV, sink, window, last, chunk):
+    q, k, v = make_qkv(1, 4, 2, S_Q, S_KV, 64, seed=S_KV)
+    run = [
+        _launch_triangle_fwd(
+            q, k, v, sink=sink, window=window, last=last, scale=0.125, chunk=chunk, tma=tma
+        )
+        for tma in (False, True)
+    ]
+    _same(*run)
+
+
+@pytest.mark.parametrize("tma_key", [False, True], ids=["index-config", "tma-config"])
+def test_triangle_config_names_its_loads(monkeypatch, tma_key):
+    """A triangle config without ``TMA`` runs index loads; one with ``TMA=1`` leaves the choice
+    to the GPU and layout rule (``tma=None``); an explicit ``tma`` wins over both."""
+    from sparse_kernels.triangle import triton as tri
+    from sparse_kernels.tuning import LaunchConfig
+
+    asked = []
+
+    def spy(k, v, *, block_n, block_d, tma, op):
+        asked.append(tma)
+        return kv_descriptors(k, v, block_n=block_n, block_d=block_d, tma=tma, op=op)
+
+    monkeypatch.setattr(tri, "kv_descriptors", spy)
+    tiles = dict(BLOCK_M=64, BLOCK_N=32, **({"TMA": 1} if tma_key else {}))
+    config = LaunchConfig.of(num_warps=4, num_stages=2, **tiles)
+    q, k, v = make_qkv(1, 2, 1, 80, 80, 32, seed=1)
+    run = dict(sink=4, window=20, last=8, scale=0.125, config=config)
+    for tma in (None, False):
+        tri._launch_triangle_fwd(q, k, v, tma=tma, **run)
+    assert asked == [None if tma_key else False, False]
 
 def test_layout_rule():
     t = torch.zeros(1, 2, 16, 64, dtype=torch.float16)

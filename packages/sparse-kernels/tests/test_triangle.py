@@ -178,10 +178,10 @@ def _run_config(q, k, v, cfg, *, sink, window, L, chunk):
     ws_lse = torch.empty(B * H, max(n_chunks, 1), max(L, 1), device=q.device)
     grid = tri.fwd_grid(B, H, S_Q, L, n_chunks, cfg["BLOCK_M"])
     tri._triangle_fwd_kernel[grid](
-        q, k, v, out, lse, ws_out, ws_lse, *q.stride(), *k.stride(), *v.stride(),
+        q, k, v, out, lse, ws_out, ws_lse, None, None, *q.stride(), *k.stride(), *v.stride(),
         *out.stride(), B, H, H // H_KV, S_Q, S_KV, D**-0.5, sink, window, L, n_chunks, chunk,
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32, SINK_N=tri.sink_tile(sink),
-        num_warps=w, num_stages=st, **cfg,
+        TMA=False, num_warps=w, num_stages=st, **cfg,
     )  # fmt: skip
     if L > 0:
         tri._triangle_merge_kernel[(triton.cdiv(L, 32), B * H)](

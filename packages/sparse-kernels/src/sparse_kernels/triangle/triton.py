@@ -20,6 +20,7 @@ import triton.language as tl
 
 from .._triton.config import FP32_CONFIG, block_d
 from .._triton.inner import _attn_tile_inner, _finish_rows
+from .._triton.tma import kv_descriptors
 from .._validate import check_int32_key_offsets
 from ..tuning import KernelSpec, LaunchConfig, choose_config
 from .window import window_class
@@ -34,7 +35,11 @@ def _key_tile_divides_chunks(config: LaunchConfig, blocks: tuple[int, ...] = ())
 
 
 # Launch configs: looked up per GPU, shape, window class and length in the tuned tables
-# (sparse_kernels.tuning); a tuning run times these candidates.
+# (sparse_kernels.tuning); a tuning run times these candidates. ``TMA=1`` loads the window's and
+# the last rows' K/V tiles with the copy engine where the GPU and the layouts allow
+# (``_triton/tma.py``), else index loads. On an H100, against index loads with the same tiles,
+# the copy engine gave 0.98x-1.16x with 64-row, 4-warp tiles (faster in 20 of 24 cases) and
+# 0.82x-0.97x with 128-row, 8-warp ones (docs/results.md), so each config names its loads.
 SPEC = KernelSpec(
     name="triangle",
     candidates=(
@@ -45,6 +50,9 @@ SPEC = KernelSpec(
         LaunchConfig.of(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
         # Narrow key tiles: 3.87 ms against 4.67 for 128x64 at 128K on an H100.
         LaunchConfig.of(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
+        LaunchConfig.of(BLOCK_M=64, BLOCK_N=64, TMA=1, num_warps=4, num_stages=3),
+        LaunchConfig.of(BLOCK_M=64, BLOCK_N=32, TMA=1, num_warps=4, num_stages=3),
+        LaunchConfig.of(BLOCK_M=64, BLOCK_N=32, TMA=1, num_warps=4, num_stages=2),
     ),
     interpreter=LaunchConfig.of(BLOCK_M=64, BLOCK_N=32),
     fp32=LaunchConfig.of(**FP32_CONFIG, num_warps=4, num_stages=1),
@@ -76,6 +84,8 @@ def _triangle_fwd_kernel(
     lse_ptr,
     ws_out_ptr,
     ws_lse_ptr,
+    k_desc,
+    v_desc,
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -109,6 +119,7 @@ def _triangle_fwd_kernel(
     SINK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     pid = tl.program_id(0)
     H_KV = H // GROUP
@@ -152,12 +163,12 @@ def _triangle_fwd_kernel(
         acc, l_i, m_i = _attn_tile_inner(
             acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
             q_pos, offs_n, offs_d, lo, u_hi, S_KV, qk_scale, sink, window,
-            D, BLOCK_D, BLOCK_N, False, True, False, IEEE,
+            D, BLOCK_D, BLOCK_N, False, True, False, IEEE, k_desc, v_desc, b, h_kv, TMA,
         )  # fmt: skip
         acc, l_i, m_i = _attn_tile_inner(
             acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
             q_pos, offs_n, offs_d, u_hi, c_hi, S_KV, qk_scale, sink, window,
-            D, BLOCK_D, BLOCK_N, True, True, False, IEEE,
+            D, BLOCK_D, BLOCK_N, True, True, False, IEEE, k_desc, v_desc, b, h_kv, TMA,
         )  # fmt: skip
         out, lse = _finish_rows(acc, l_i, m_i)
         r = lq * BLOCK_M + tile_r
@@ -193,7 +204,8 @@ def _triangle_fwd_kernel(
         hi = tl.maximum(tl.minimum(p_hi + 1, S_KV), 0)
         full_hi = tl.maximum(tl.minimum(p_lo + 1, S_KV), 0) // BLOCK_N * BLOCK_N
         # Sink tiles [0, sink_end) are SINK_N keys wide (16 for the usual sink of 8, not a whole
-        # BLOCK_N), with the full sink/window/causal element mask. When the window's first block
+        # BLOCK_N, so they take index loads, not the BLOCK_N-key descriptors), with the full
+        # sink/window/causal element mask. When the window's first block
         # reaches below sink_end, the window loops start at key 0 instead and their element mask
         # (j < sink or inside the window) takes in the sink: no key is visited twice.
         sink_end = tl.cdiv(sink, SINK_N) * SINK_N
@@ -215,17 +227,17 @@ def _triangle_fwd_kernel(
         acc, l_i, m_i = _attn_tile_inner(
             acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
             q_pos, offs_n, offs_d, s0, b_end, S_KV, qk_scale, sink, window,
-            D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
+            D, BLOCK_D, BLOCK_N, True, True, True, IEEE, k_desc, v_desc, b, h_kv, TMA,
         )  # fmt: skip
         acc, l_i, m_i = _attn_tile_inner(
             acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
             q_pos, offs_n, offs_d, c_lo, c_hi, S_KV, qk_scale, sink, window,
-            D, BLOCK_D, BLOCK_N, False, True, True, IEEE,
+            D, BLOCK_D, BLOCK_N, False, True, True, IEEE, k_desc, v_desc, b, h_kv, TMA,
         )  # fmt: skip
         acc, l_i, m_i = _attn_tile_inner(
             acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
             q_pos, offs_n, offs_d, tl.maximum(c_hi, s0), hi, S_KV, qk_scale, sink, window,
-            D, BLOCK_D, BLOCK_N, True, True, True, IEEE,
+            D, BLOCK_D, BLOCK_N, True, True, True, IEEE, k_desc, v_desc, b, h_kv, TMA,
         )  # fmt: skip
         out, lse = _finish_rows(acc, l_i, m_i)
         o_ok = offs_m < S_Q - L
@@ -323,9 +335,12 @@ def _launch_triangle_fwd(
     scale: float,
     chunk: int | None = None,
     config: LaunchConfig | None = None,
+    tma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
-    the tuner run each candidate)."""
+    the tuner run each candidate). ``tma``: load the window's and the last rows' K/V tiles with
+    the copy engine (True) or with index loads (False); None follows the config: the copy engine
+    where it names ``TMA=1`` and :func:`~sparse_kernels._triton.tma.tma_default` allows it."""
     check_int32_key_offsets(k, v, "triangle_attention")
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
@@ -343,6 +358,12 @@ def _launch_triangle_fwd(
     if chunk <= 0 or chunk % _CHUNK_ALIGN:
         raise ValueError(f"chunk: expected a positive multiple of {_CHUNK_ALIGN}, got {chunk}")
     n_chunks = triton.cdiv(S_KV, chunk) if L > 0 else 0
+    launch = config.launch_kwargs()
+    if launch.pop("TMA", 0) != 1 and tma is None:
+        tma = False
+    k_desc, v_desc = kv_descriptors(
+        k, v, block_n=config["BLOCK_N"], block_d=block_d(D), tma=tma, op="triangle_attention"
+    )
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
     ws_out = torch.empty(
@@ -351,11 +372,11 @@ def _launch_triangle_fwd(
     ws_lse = torch.empty((B * H, max(n_chunks, 1), max(L, 1)), dtype=torch.float32, device=q.device)
 
     _triangle_fwd_kernel[fwd_grid(B, H, S_Q, L, n_chunks, config["BLOCK_M"])](
-        q, k, v, out, lse, ws_out, ws_lse,
+        q, k, v, out, lse, ws_out, ws_lse, k_desc, v_desc,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         B, H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk,
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32, SINK_N=sink_tile(sink),
-        **config.launch_kwargs(),
+        TMA=k_desc is not None, **launch,
     )  # fmt: skip
     if L > 0:
         BLOCK_R = 32

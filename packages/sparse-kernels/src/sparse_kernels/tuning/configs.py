@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Tile sizes (``tiles``: constexpr name -> value, sorted) plus the launch options."""
+    """Tile sizes (``tiles``: constexpr name -> value, sorted) plus the launch options. A kernel
+    whose K/V loads are a tuned choice (the triangle's) takes ``TMA=1`` among the tiles of the
+    configs that load with the copy engine; its launcher reads that key."""
 
     tiles: tuple[tuple[str, int], ...]
     num_warps: int = 4

@@ -62,7 +62,6 @@ def test_block_sparse_tma_equals_index_loads(causal):
     _same(*run)
 
 
-
 @needs_tma
 @pytest.mark.parametrize(
     "S_Q,S_KV,sink,window,last,chunk",
@@ -107,6 +106,7 @@ def test_triangle_config_names_its_loads(monkeypatch, tma_key):
     for tma in (None, False):
         tri._launch_triangle_fwd(q, k, v, tma=tma, **run)
     assert asked == [None if tma_key else False, False]
+
 
 def test_layout_rule():
     t = torch.zeros(1, 2, 16, 64, dtype=torch.float16)

@@ -7,9 +7,11 @@ bf16 ulps), then both are timed, interleaved, three times (CUDA-event medians in
 the Qwen2.5-VL-7B shape (H=28, H_KV=4, D=128, bf16) at 32K and 128K: dense causal attention;
 block-sparse attention (10% and 30% of the causal 128x128 blocks, random per head, like
 ``bench_block_sparse.py``); the vertical-slash kernel with 64x64 tiles on the indices of
-``bench_vertical_slash.py`` (1000 verticals, 6096 local / random / clustered slashes).
-``--all-configs`` also runs every tuning candidate of the dense and block-sparse kernels at 32K;
-``--ops`` picks the kernels.
+``bench_vertical_slash.py`` (1000 verticals, 6096 local / random / clustered slashes); the
+triangle kernel on ``bench_triangle.py``'s (sink, window, last) cases, triangle and A-shape.
+``--all-configs`` also runs every tuning candidate of the dense and block-sparse kernels at 32K
+and every tile config of the triangle's candidates (their ``TMA`` key set aside: both ways are
+run) at both lengths; ``--ops`` picks the kernels.
 
     python packages/sparse-kernels/benchmarks/tma_loads.py --json tma.json
 """
@@ -24,13 +26,16 @@ from sparse_kernels.attention import triton as dense_triton
 from sparse_kernels.benchmark_providers import qwen_inputs
 from sparse_kernels.benchmarking import cuda_time_ms, env_info, vertical_slash_suite_indices
 from sparse_kernels.block_sparse import triton as bs_triton
+from sparse_kernels.triangle import triton as tri_triton
+from sparse_kernels.tuning import LaunchConfig
 from sparse_kernels.vertical_slash import build_vertical_slash_index
 from sparse_kernels.vertical_slash.triton import _launch_vertical_slash_fwd
 
 BLOCK = 128
 SEQS = (32768, 131072)
 DENSITIES = (0.1, 0.3)
-OPS = ("dense", "block_sparse", "vertical_slash")
+OPS = ("dense", "block_sparse", "vertical_slash", "triangle")
+TRIANGLE_CASES = ((8, 512, 128), (8, 512, 0), (128, 4096, 128), (128, 4096, 0))
 
 
 def block_lists(S: int, H: int, density: float):
@@ -59,6 +64,17 @@ def ab(call, rep: int) -> dict:
     return r
 
 
+def triangle_tiles() -> list[LaunchConfig]:
+    """The triangle candidates' distinct tile configs, without their ``TMA`` key."""
+    out = []
+    for c in tri_triton.SPEC.candidates:
+        tiles = {k: v for k, v in c.tiles if k != "TMA"}
+        bare = LaunchConfig.of(num_warps=c.num_warps, num_stages=c.num_stages, **tiles)
+        if bare not in out:
+            out.append(bare)
+    return out
+
+
 def run_length(S: int, all_configs: bool, ops: list[str], res: dict) -> None:
     """Every case of ``ops`` at length ``S`` into ``res``."""
     q, k, v = qwen_inputs(S)
@@ -80,6 +96,17 @@ def run_length(S: int, all_configs: bool, ops: list[str], res: dict) -> None:
     def vertical_slash(index):
         return lambda tma: _launch_vertical_slash_fwd(q, k, v, index, scale=scale, tma=tma)
 
+    def triangle(case, cfg):
+        sink, window, last = case
+        return lambda tma: tri_triton._launch_triangle_fwd(
+            q, k, v, sink=sink, window=window, last=last, scale=scale, config=cfg, tma=tma
+        )
+
+    for case in TRIANGLE_CASES if "triangle" in ops else ():
+        for cfg in triangle_tiles() if all_configs else [None]:
+            key = f"triangle-{S // 1024}K-{case}-{cfg or 'table'}"
+            res[key] = ab(triangle(case, cfg), rep)
+            print(key, res[key], flush=True)
     if "vertical_slash" in ops:
         vert, kinds = vertical_slash_suite_indices(1, q.shape[1], S, 1000, 6096, device="cuda")
         for kind, sl in kinds.items():

@@ -38,8 +38,8 @@ def _key_tile_divides_chunks(config: LaunchConfig, blocks: tuple[int, ...] = ())
 # (sparse_kernels.tuning); a tuning run times these candidates. ``TMA=1`` loads the window's and
 # the last rows' K/V tiles with the copy engine where the GPU and the layouts allow
 # (``_triton/tma.py``), else index loads. On an H100, against index loads with the same tiles,
-# the copy engine gave 0.98x-1.16x with 64-row, 4-warp tiles (faster in 20 of 24 cases) and
-# 0.82x-0.97x with 128-row, 8-warp ones (docs/results.md), so each config names its loads.
+# the copy engine gave 0.93x-1.16x with 64-row, 4-warp tiles (mostly faster) and 0.82x-0.99x
+# with 128-row ones (docs/results.md), so each config names its loads.
 SPEC = KernelSpec(
     name="triangle",
     candidates=(

@@ -205,9 +205,9 @@ def _triangle_fwd_kernel(
         full_hi = tl.maximum(tl.minimum(p_lo + 1, S_KV), 0) // BLOCK_N * BLOCK_N
         # Sink tiles [0, sink_end) are SINK_N keys wide (16 for the usual sink of 8, not a whole
         # BLOCK_N, so they take index loads, not the BLOCK_N-key descriptors), with the full
-        # sink/window/causal element mask. When the window's first block
-        # reaches below sink_end, the window loops start at key 0 instead and their element mask
-        # (j < sink or inside the window) takes in the sink: no key is visited twice.
+        # sink/window/causal element mask. When the window's first block reaches below sink_end,
+        # the window loops start at key 0 instead and their element mask (j < sink or inside the
+        # window) takes in the sink: no key is visited twice.
         sink_end = tl.cdiv(sink, SINK_N) * SINK_N
         s0 = tl.maximum(p_lo - window + 1, 0) // BLOCK_N * BLOCK_N
         own_sink = s0 >= sink_end

@@ -8,6 +8,7 @@ from sparse_kernels.attention.triton import _launch_attention_fwd
 from sparse_kernels.block_sparse.triton import _launch_block_sparse_fwd
 from sparse_kernels.testing import default_device, make_qkv
 from sparse_kernels.triangle.triton import _launch_triangle_fwd
+from sparse_kernels.tuning import LaunchConfig
 from sparse_kernels.vertical_slash import build_vertical_slash_index
 from sparse_kernels.vertical_slash.triton import _launch_vertical_slash_fwd
 
@@ -64,22 +65,32 @@ def test_block_sparse_tma_equals_index_loads(causal):
 
 @needs_tma
 @pytest.mark.parametrize(
-    "S_Q,S_KV,sink,window,last,chunk",
+    "S_Q,S_KV,sink,window,last",
     [
         # the sink tile (16 keys, index loads) beside 32-key window tiles; last rows in 2 chunks
-        pytest.param(150, 150, 8, 40, 20, 128, id="S150-s8-w40-l20"),
+        pytest.param(150, 150, 8, 40, 20, id="S150-s8-w40-l20"),
         # a sink of two 32-key tiles, no last rows
-        pytest.param(200, 200, 40, 33, 0, 128, id="S200-s40-w33"),
+        pytest.param(200, 200, 40, 33, 0, id="S200-s40-w33"),
         # rows after a prefix of keys: the window reaches back into it; 3 key chunks
-        pytest.param(70, 300, 4, 90, 9, 128, id="SQ70-SKV300-s4-w90-l9"),
+        pytest.param(70, 300, 4, 90, 9, id="SQ70-SKV300-s4-w90-l9"),
     ],
 )
-def test_triangle_tma_equals_index_loads(S_Q, S_KV, sink, window, last, chunk):
+def test_triangle_tma_equals_index_loads(S_Q, S_KV, sink, window, last):
     q, k, v = make_qkv(1, 4, 2, S_Q, S_KV, 64, seed=S_KV)
+    config = LaunchConfig.of(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
     run = [
         _launch_triangle_fwd(
-            q, k, v, sink=sink, window=window, last=last, scale=0.125, chunk=chunk, tma=tma
-        )
+            q,
+            k,
+            v,
+            sink=sink,
+            window=window,
+            last=last,
+            scale=0.125,
+            chunk=128,
+            config=config,
+            tma=tma,
+        )  # fmt: skip
         for tma in (False, True)
     ]
     _same(*run)
@@ -89,23 +100,27 @@ def test_triangle_tma_equals_index_loads(S_Q, S_KV, sink, window, last, chunk):
 def test_triangle_config_names_its_loads(monkeypatch, tma_key):
     """A triangle config without ``TMA`` runs index loads; one with ``TMA=1`` leaves the choice
     to the GPU and layout rule (``tma=None``); an explicit ``tma`` wins over both."""
-    from sparse_kernels.triangle import triton as tri
-    from sparse_kernels.tuning import LaunchConfig
-
     asked = []
 
     def spy(k, v, *, block_n, block_d, tma, op):
         asked.append(tma)
         return kv_descriptors(k, v, block_n=block_n, block_d=block_d, tma=tma, op=op)
 
-    monkeypatch.setattr(tri, "kv_descriptors", spy)
+    monkeypatch.setattr("sparse_kernels.triangle.triton.kv_descriptors", spy)
     tiles = dict(BLOCK_M=64, BLOCK_N=32, **({"TMA": 1} if tma_key else {}))
     config = LaunchConfig.of(num_warps=4, num_stages=2, **tiles)
     q, k, v = make_qkv(1, 2, 1, 80, 80, 32, seed=1)
     run = dict(sink=4, window=20, last=8, scale=0.125, config=config)
-    for tma in (None, False):
-        tri._launch_triangle_fwd(q, k, v, tma=tma, **run)
-    assert asked == [None if tma_key else False, False]
+    for tma in (None, True, False):
+        _launch_triangle_fwd(q, k, v, tma=tma, **run)
+    assert asked == [None if tma_key else False, True, False]
+
+
+def test_triangle_config_tma_must_be_1():
+    q, k, v = make_qkv(1, 2, 1, 40, 40, 32, seed=2)
+    config = LaunchConfig.of(BLOCK_M=64, BLOCK_N=32, TMA=2, num_warps=4, num_stages=2)
+    with pytest.raises(ValueError, match=r"TMA: expected 1 or no TMA key, got 2 in BLOCK_M=64"):
+        _launch_triangle_fwd(q, k, v, sink=4, window=20, last=8, scale=0.125, config=config)
 
 
 def test_layout_rule():

@@ -38,7 +38,7 @@ def _key_tile_divides_chunks(config: LaunchConfig, blocks: tuple[int, ...] = ())
 # (sparse_kernels.tuning); a tuning run times these candidates. ``TMA=1`` loads the window's and
 # the last rows' K/V tiles with the copy engine where the GPU and the layouts allow
 # (``_triton/tma.py``), else index loads. On an H100, against index loads with the same tiles,
-# the copy engine gave 0.93x-1.16x with 64-row, 4-warp tiles (mostly faster) and 0.82x-0.99x
+# the copy engine gave 0.92x-1.16x with 64-row, 4-warp tiles (mostly faster) and 0.82x-0.99x
 # with 128-row ones (docs/results.md), so each config names its loads.
 SPEC = KernelSpec(
     name="triangle",
@@ -359,7 +359,12 @@ def _launch_triangle_fwd(
         raise ValueError(f"chunk: expected a positive multiple of {_CHUNK_ALIGN}, got {chunk}")
     n_chunks = triton.cdiv(S_KV, chunk) if L > 0 else 0
     launch = config.launch_kwargs()
-    if launch.pop("TMA", 0) != 1 and tma is None:
+    named = launch.pop("TMA", None)
+    if named not in (None, 1):
+        raise ValueError(
+            f"triangle_attention: launch config TMA: expected 1 or no TMA key, got {named} in {config}"
+        )
+    if named is None and tma is None:
         tma = False
     k_desc, v_desc = kv_descriptors(
         k, v, block_n=config["BLOCK_N"], block_d=block_d(D), tma=tma, op="triangle_attention"

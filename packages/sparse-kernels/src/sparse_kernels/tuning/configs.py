@@ -88,7 +88,7 @@ class KernelSpec:
 
     def safe(self, blocks: tuple[int, ...]) -> LaunchConfig:
         """The config sure to compile and fit: the fitting candidate with the least shared
-        memory (tile area x stages), else ``fallback(blocks)``."""
+        memory (tile area x stages; index loads before ``TMA=1``), else ``fallback(blocks)``."""
         fit = self.fitting(blocks)
         if not fit:
             if self.fallback is None:
@@ -98,10 +98,11 @@ class KernelSpec:
                 )
             return self.fallback(blocks)
 
-        def size(c: LaunchConfig) -> tuple[int, int]:
+        def size(c: LaunchConfig) -> tuple[bool, int, int]:
             area = 1
-            for _, v in c.tiles:
-                area *= v
-            return area * c.num_stages, c.num_warps
+            for k, v in c.tiles:
+                if k != "TMA":
+                    area *= v
+            return any(k == "TMA" for k, _ in c.tiles), area * c.num_stages, c.num_warps
 
         return min(fit, key=size)

@@ -11,7 +11,7 @@ block-sparse attention (10% and 30% of the causal 128x128 blocks, random per hea
 triangle kernel on ``bench_triangle.py``'s (sink, window, last) cases, triangle and A-shape.
 ``--all-configs`` also runs every tuning candidate of the dense and block-sparse kernels at 32K
 and every tile config of the triangle's candidates (their ``TMA`` key set aside: both ways are
-run) at both lengths; ``--ops`` picks the kernels.
+run) at both lengths, beside each kernel's looked-up config; ``--ops`` picks the kernels.
 
     python packages/sparse-kernels/benchmarks/tma_loads.py --json tma.json
 """
@@ -103,7 +103,7 @@ def run_length(S: int, all_configs: bool, ops: list[str], res: dict) -> None:
         )
 
     for case in TRIANGLE_CASES if "triangle" in ops else ():
-        for cfg in triangle_tiles() if all_configs else [None]:
+        for cfg in [None, *(triangle_tiles() if all_configs else ())]:
             key = f"triangle-{S // 1024}K-{case}-{cfg or 'table'}"
             res[key] = ab(triangle(case, cfg), rep)
             print(key, res[key], flush=True)

@@ -124,16 +124,16 @@ def test_bench_seqs_reads_names_and_refuses_unknown_ones():
         bench_seqs("32K,64K")
 
 
-def _fake_benchmark(median_s):
-    return types.SimpleNamespace(
-        stats=types.SimpleNamespace(stats=types.SimpleNamespace(median=median_s)), extra_info={}
-    )
+def _fake_benchmark(median_s, iqr_s=0.0):
+    stats = types.SimpleNamespace(median=median_s, iqr=iqr_s)
+    return types.SimpleNamespace(stats=types.SimpleNamespace(stats=stats), extra_info={})
 
 
 def test_record_stores_the_ratio_to_the_fa4_dense_rate():
-    bench = _fake_benchmark(0.01)
+    bench = _fake_benchmark(0.01, 0.002)
     record(bench, flops_dense=8e12, flops_useful=4e12, anchor=Anchor(800.0, 10.0), seq="32K")
     info = bench.extra_info
+    assert info["median_ms"] == pytest.approx(10.0) and info["iqr_ms"] == pytest.approx(2.0)
     assert info["useful_tflops"] == pytest.approx(400.0)
     assert info["dense_equiv_tflops"] == pytest.approx(800.0)
     assert info["ratio_to_fa4_dense"] == pytest.approx(0.5)
@@ -229,6 +229,20 @@ def test_summary_compares_ours_with_the_fastest_peer_of_the_same_op():
     assert met.endswith(">= 1.30x flex-fa4: 1.50x, met")
     missed = summary_lines("t", res, ["32K"], {"32K": ("flex-fa4", 2.0)})[2]
     assert missed.endswith(">= 2.00x flex-fa4: 1.50x, missed by 25%")
+
+
+def test_summary_says_when_a_sample_is_too_spread_for_the_verdict():
+    res = {
+        ("32K", "ours-auto"): {"median_ms": 2.0, "iqr_ms": 0.1, "same_op": True},
+        ("32K", "minference"): {"median_ms": 4.2, "iqr_ms": 0.2, "same_op": True},
+    }
+    target = {"32K": ("minference", 2.0)}
+    assert summary_lines("t", res, ["32K"], target)[2].endswith(": 2.10x, met")
+    res[("32K", "ours-auto")]["iqr_ms"] = 0.9  # 45% of the median
+    res[("32K", "minference")]["iqr_ms"] = 0.5  # 12%: the wider one is named
+    assert summary_lines("t", res, ["32K"], target)[2].endswith(
+        ": 2.10x, met; ours-auto's IQR is 45% of its median: not resolved"
+    )
 
 
 def test_vertical_slash_suite_indices_are_valid_and_seeded():

@@ -306,6 +306,21 @@ def rows_error(
     return float((out[:, :h, -r:].float() - ref).norm() / ref.norm())
 
 
+# A sample whose interquartile range exceeds this fraction of its median does not resolve a
+# target's verdict: the summary says so beside it.
+RESOLVED_SPREAD = 0.10
+
+
+def _spread_note(samples: dict[str, dict]) -> str:
+    """``"; <provider>'s IQR is N% of its median: not resolved"`` for the widest of ``samples``
+    whose relative interquartile range exceeds :data:`RESOLVED_SPREAD`, else ``""``."""
+    spreads = {p: r["iqr_ms"] / r["median_ms"] for p, r in samples.items() if "iqr_ms" in r}
+    wide = max(spreads, key=spreads.get, default=None)
+    if wide is None or spreads[wide] <= RESOLVED_SPREAD:
+        return ""
+    return f"; {wide}'s IQR is {100 * spreads[wide]:.0f}% of its median: not resolved"
+
+
 def summary_lines(
     title: str,
     results: dict[tuple[str, str], dict],
@@ -315,8 +330,8 @@ def summary_lines(
     """A compact table: per case, each provider's median ms, ``ours-auto``'s useful rate over
     FA4's dense rate, ``ours-auto``'s speed-up over the fastest peer computing the same op
     (``extra_info["same_op"]``; the dense baselines of sparse suites are left out) and, where
-    ``targets[case] = (peer, speed-up)`` names one, whether ``ours-auto`` meets it and by how
-    much it misses."""
+    ``targets[case] = (peer, speed-up)`` names one, whether ``ours-auto`` meets it, by how
+    much it misses, and whether either sample is too spread to tell (:data:`RESOLVED_SPREAD`)."""
     cols = [p for p in PROVIDERS if any((c, p) in results for c in cases)]
     lines = [title, f"{'case':<30}" + "".join(f"{p:>12}" for p in cols)
              + f"{'ours/fa4d':>10}{'best peer':>12}{'speed-up':>9}  target"]  # fmt: skip
@@ -338,6 +353,7 @@ def summary_lines(
         if peer is not None and ours and peer in row:
             got = row[peer]["median_ms"] / ours["median_ms"]
             verdict = "met" if got >= want else f"missed by {100 * (1 - got / want):.0f}%"
+            verdict += _spread_note({"ours-auto": ours, peer: row[peer]})
             line += f"  >= {want:.2f}x {peer}: {got:.2f}x, {verdict}"
         lines.append(line)
     return lines

@@ -243,12 +243,13 @@ class Anchor:
 def record(
     benchmark, *, flops_dense: float, flops_useful: float, anchor: Anchor | None = None, **extra
 ) -> None:
-    """Store TFLOP/s (from the median), the ratio of the useful rate to ``anchor``'s (when
-    given) and the environment in ``benchmark.extra_info``."""
+    """Store the median and interquartile range in ms, TFLOP/s (from the median), the ratio of the
+    useful rate to ``anchor``'s (when given) and the environment in ``benchmark.extra_info``."""
     med = benchmark.stats.stats.median
     info = benchmark.extra_info
     info.update(env_info())
     info["median_ms"] = med * 1e3
+    info["iqr_ms"] = benchmark.stats.stats.iqr * 1e3
     info["dense_equiv_tflops"] = tflops(flops_dense, med)
     info["useful_tflops"] = tflops(flops_useful, med)
     if anchor is not None:

@@ -176,6 +176,27 @@ def test_prebuilt_index_and_empty_rows():
     torch.testing.assert_close(res.out[..., 50:, :], v[:, :, 50:51, :].expand(1, 2, 80, 64))
 
 
+def test_merge_adds_the_columns_and_leaves_blocks_without_columns_untouched():
+    # Slash 0 makes the diagonal tiles ranges; vertical 10 lies in block 0's diagonal tile (no
+    # leftover column there) and is a leftover column of blocks 1 and 2.
+    from sparse_kernels.vertical_slash.triton import _launch_vertical_slash_fwd
+
+    q, k, v = make_qkv(1, 2, 1, 192, 192, 64, dtype=torch.float32, device=DEV, seed=3)
+    vi = torch.full((1, 2, 1), 10, dtype=torch.int32, device=DEV)
+    si = torch.zeros(1, 2, 1, dtype=torch.int32, device=DEV)
+    kw = dict(block_m=64, block_n=64)
+    idx = build_vertical_slash_index(vi, si, seq_len=192, **kw)
+    assert idx.column_count.flatten().tolist() == [0, 1, 1] * 2
+    ranges = vertical_slash_attention(q, k, v, vi[..., :0], si, impl="triton", **kw)
+    out, lse = ranges.out.clone(), ranges.lse.clone()
+    out[:, :, :64], lse[:, :, :64] = float("nan"), float("nan")
+    _launch_vertical_slash_fwd(q, k, v, idx, scale=0.125, merge_into=(out, lse))
+    assert bool(out[:, :, :64].isnan().all()) and bool(lse[:, :, :64].isnan().all())
+    want = vertical_slash_attention(q, k, v, vi, si, impl="triton", scale=0.125, **kw)
+    torch.testing.assert_close(out[:, :, 64:], want.out[:, :, 64:])
+    torch.testing.assert_close(lse[:, :, 64:], want.lse[:, :, 64:])
+
+
 # ------------------------------------------------------------------------------------------
 # Bad input
 

@@ -9,7 +9,8 @@ ranges' tiles come through the copy engine (``_triton/tma.py``).
 With ``MERGE`` the ranges have been attended by another engine (FA4's block-sparse kernel over
 the same tiles): the program starts its online softmax from that result (``lse`` as the running
 maximum, ``out`` as the accumulator, a sum of 1), walks the columns only, and writes the combined
-``out`` and ``lse`` over it. No partial output is materialised and no merge pass runs.
+``out`` and ``lse`` over it; a block without leftover columns is left as it is. No partial output
+is materialised and no merge pass runs.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ def _vertical_slash_fwd_kernel(
     h_kv = h // GROUP
     row = bh.to(tl.int64) * tl.num_programs(0) + start_m  # (b, h, m) row of the index tensors
 
+    n_cols = tl.load(ccount_ptr + row)
+    if MERGE:
+        if n_cols == 0:
+            return  # the other engine's result is already this block's: nothing to read or write
+
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, TILE_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -111,7 +117,6 @@ def _vertical_slash_fwd_kernel(
             D, BLOCK_D, TILE_N, True, True, False, IEEE, k_desc, v_desc, b, h_kv, TMA,
         )  # fmt: skip
 
-    n_cols = tl.load(ccount_ptr + row)
     for c0 in range(0, n_cols, TILE_N):
         c_ok = c0 + offs_n < n_cols
         cols = tl.load(cols_ptr + row * C + c0 + offs_n, mask=c_ok, other=0).to(tl.int64)
@@ -169,7 +174,8 @@ def _launch_vertical_slash_fwd(
     """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
     the tuner run each candidate). ``merge_into``: ``(out [B, H, S, D], lse [B, H, S])``, any
     strides, holding the index's ranges already attended; only the columns are walked, and the
-    result is written over them (the kernel's ``MERGE``). ``tma``: load the ranges' K/V tiles
+    result is written over them (the kernel's ``MERGE``; query blocks without columns are not
+    touched). ``tma``: load the ranges' K/V tiles
     with the copy engine (True), with index loads (False), or as
     :func:`~sparse_kernels._triton.tma.tma_default` picks (None); columns are gathered by index
     either way, and ``MERGE`` walks no range."""

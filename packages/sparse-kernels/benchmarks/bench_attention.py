@@ -106,7 +106,7 @@ def test_dense_attention(benchmark, seq, provider):
     except ProviderUnavailable as e:
         pytest.skip(str(e))
     assert err < REL_TOL, f"{provider}: relative error {err:.2e} on the benchmark shape"
-    run_length_benchmark(benchmark, fn, S)
+    run_length_benchmark(benchmark, fn, S, profile=provider == "ours-auto")
     flops = attention_flops(B, H, causal_pairs(S, S), D)
     record(
         benchmark, flops_dense=flops, flops_useful=flops, anchor=anchor,

@@ -209,7 +209,7 @@ def test_block_sparse(benchmark, seq, density, provider):
     except ProviderUnavailable as e:
         pytest.skip(str(e))
     assert err < REL_TOL, f"{provider}: relative error {err:.2e} on the benchmark shape"
-    run_length_benchmark(benchmark, fn, S)
+    run_length_benchmark(benchmark, fn, S, profile=provider == "ours-auto")
     flops_dense = attention_flops(B, H, causal_pairs(S, S), D)
     record(
         benchmark,

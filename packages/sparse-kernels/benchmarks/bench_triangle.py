@@ -164,7 +164,7 @@ def test_triangle_attention(benchmark, seq, pattern, config, provider):
     except ProviderUnavailable as e:
         pytest.skip(str(e))
     assert err < REL_TOL, f"{provider}: relative error {err:.2e} on the benchmark shape"
-    run_length_benchmark(benchmark, fn, S)
+    run_length_benchmark(benchmark, fn, S, profile=provider == "ours-auto")
     flops_dense = attention_flops(B, H, causal_pairs(S, S), D)
     pairs = triangle_pairs(S, sink=sink, window=window, last=last)
     record(

@@ -245,6 +245,28 @@ def test_summary_says_when_a_sample_is_too_spread_for_the_verdict():
     )
 
 
+def test_summary_judges_the_rate_target_and_profiles_a_miss():
+    res = {
+        ("32K", "ours-auto"): {
+            "median_ms": 2.0, "ratio_to_fa4_dense": 0.72, "same_op": True,
+            "kernels_ms": {"fa4_block_sparse": 1.5, "_vertical_slash_fwd": 0.3},
+        },
+        ("32K", "minference"): {"median_ms": 4.0, "same_op": True},
+    }  # fmt: skip
+    target = {"32K": ("minference", 1.5)}
+    lines = summary_lines("t", res, ["32K"], target, rate_target=0.9)
+    assert lines[2].endswith(": 2.00x, met  ours/fa4d >= 0.90: missed by 20%")
+    assert lines[3].split() == [
+        "ours-auto,", "one", "profiled", "call:", "kernels", "1.80", "of", "2.00", "ms:",
+        "fa4_block_sparse", "1.50", "(75%),", "_vertical_slash_fwd", "0.30", "(15%)",
+    ]  # fmt: skip
+    res[("32K", "ours-auto")]["ratio_to_fa4_dense"] = 0.95
+    met = summary_lines("t", res, ["32K"], target, rate_target=0.9)
+    assert len(met) == 3 and met[2].endswith("ours/fa4d >= 0.90: met")  # no profile line
+    res[("32K", "minference")]["median_ms"] = 2.5  # 1.25x: the peer target is missed
+    assert "profiled call" in summary_lines("t", res, ["32K"], target, rate_target=0.9)[3]
+
+
 def test_vertical_slash_suite_indices_are_valid_and_seeded():
     from sparse_kernels.benchmarking import vertical_slash_suite_indices
 

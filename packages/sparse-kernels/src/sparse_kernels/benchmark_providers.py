@@ -19,6 +19,7 @@ from .benchmarking import (
     cuda_time_ms,
     tflops,
 )
+from .kernel_profile import profile_line
 
 # The provider axis of every attention suite, in table order. ``ours-*`` run our op with
 # ``impl=`` the suffix; the others are the peers.
@@ -326,12 +327,16 @@ def summary_lines(
     results: dict[tuple[str, str], dict],
     cases: list[str],
     targets: dict[str, tuple[str, float]] | None = None,
+    rate_target: float | None = None,
 ) -> list[str]:
     """A compact table: per case, each provider's median ms, ``ours-auto``'s useful rate over
     FA4's dense rate, ``ours-auto``'s speed-up over the fastest peer computing the same op
     (``extra_info["same_op"]``; the dense baselines of sparse suites are left out) and, where
     ``targets[case] = (peer, speed-up)`` names one, whether ``ours-auto`` meets it, by how
-    much it misses, and whether either sample is too spread to tell (:data:`RESOLVED_SPREAD`)."""
+    much it misses, and whether either sample is too spread to tell (:data:`RESOLVED_SPREAD`).
+    ``rate_target``: the least useful rate over FA4's dense rate, judged the same way. Under a
+    missed target, the line that follows says where ``ours-auto``'s time went, from its
+    profiled call (``extra_info["kernels_ms"]``, :mod:`sparse_kernels.kernel_profile`)."""
     cols = [p for p in PROVIDERS if any((c, p) in results for c in cases)]
     lines = [title, f"{'case':<30}" + "".join(f"{p:>12}" for p in cols)
              + f"{'ours/fa4d':>10}{'best peer':>12}{'speed-up':>9}  target"]  # fmt: skip
@@ -350,12 +355,25 @@ def summary_lines(
         best = min(peers, key=peers.get) if ours and peers else None
         line += f"{best:>12}{peers[best] / ours['median_ms']:9.2f}" if best else f"{'-':>21}"
         peer, want = (targets or {}).get(c, (None, None))
+        missed = False
         if peer is not None and ours and peer in row:
             got = row[peer]["median_ms"] / ours["median_ms"]
-            verdict = "met" if got >= want else f"missed by {100 * (1 - got / want):.0f}%"
+            missed = got < want
+            verdict = f"missed by {100 * (1 - got / want):.0f}%" if missed else "met"
             verdict += _spread_note({"ours-auto": ours, peer: row[peer]})
             line += f"  >= {want:.2f}x {peer}: {got:.2f}x, {verdict}"
+        if rate_target is not None and ratio is not None:
+            short = ratio < rate_target
+            missed |= short
+            verdict = f"missed by {100 * (1 - ratio / rate_target):.0f}%" if short else "met"
+            verdict += _spread_note({"ours-auto": ours})
+            line += f"  ours/fa4d >= {rate_target:.2f}: {verdict}"
         lines.append(line)
+        if missed and ours.get("kernels_ms"):
+            lines.append(
+                f"{'':<30}ours-auto, one profiled call: "
+                + profile_line(ours["kernels_ms"], ours["median_ms"])
+            )
     return lines
 
 

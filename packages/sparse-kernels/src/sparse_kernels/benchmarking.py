@@ -14,6 +14,8 @@ from types import MappingProxyType
 
 import torch
 
+from .kernel_profile import kernel_times_ms, top_kernels
+
 # Distributions whose versions sit beside every figure ("not installed" is recorded as None).
 VERSIONED = ("sparse-kernels", "flash-attn-4", "nvidia-cutlass-dsl", "minference")
 SEQ_LENGTHS = MappingProxyType({"32K": 32768, "128K": 131072, "512K": 524288, "1M": 1048576})
@@ -197,11 +199,16 @@ def run_benchmark(benchmark, fn: Callable[[], object], *, rounds: int = 10, warm
     return benchmark.pedantic(call, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1)
 
 
-def run_length_benchmark(benchmark, fn: Callable[[], object], S: int):
+def run_length_benchmark(benchmark, fn: Callable[[], object], S: int, *, profile: bool = False):
     """:func:`run_benchmark` with :func:`bench_rounds` for length ``S``, the peak-memory counter
-    reset first (``record`` reads it)."""
+    reset first (``record`` reads it). ``profile``: then one more call under the profiler, its
+    longest kernels stored as ``extra_info["kernels_ms"]``
+    (:func:`~sparse_kernels.kernel_profile.kernel_times_ms`)."""
     torch.cuda.reset_peak_memory_stats()
-    return run_benchmark(benchmark, fn, **bench_rounds(S))
+    result = run_benchmark(benchmark, fn, **bench_rounds(S))
+    if profile:
+        benchmark.extra_info["kernels_ms"] = top_kernels(kernel_times_ms(fn))
+    return result
 
 
 def cudnn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], torch.Tensor]:

@@ -12,7 +12,7 @@ import torch
 # Kernels named one by one in a profile line; the rest are summed as "other".
 TOP_KERNELS = 3
 # Longest kernel name kept (FA4's CuTe kernels have names of several hundred characters).
-NAME_CHARS = 40
+NAME_CHARS = 48
 
 
 def short_kernel_name(name: str) -> str:

@@ -197,6 +197,27 @@ def test_merge_adds_the_columns_and_leaves_blocks_without_columns_untouched():
     torch.testing.assert_close(lse[:, :, 64:], want.lse[:, :, 64:])
 
 
+def test_key_steps_named_by_the_config_compute_the_same_function():
+    # TILE_N: keys per step, a divisor of the index's key block (the merge's config names one).
+    from sparse_kernels.tuning import LaunchConfig
+    from sparse_kernels.vertical_slash.triton import _launch_vertical_slash_fwd
+
+    q, k, v = make_qkv(1, 2, 1, 200, 200, 64, dtype=torch.float32, device=DEV, seed=4)
+    vi, si = make_indices(1, 2, 200, 12, 5, seed=4, device=DEV)
+    kw = dict(block_m=64, block_n=64)
+    idx = build_vertical_slash_index(vi, si, seq_len=200, **kw)
+    gold = vertical_slash_attention_reference(q, k, v, vi, si, compute_dtype=torch.float64, **kw)
+    low = vertical_slash_attention_reference(q, k, v, vi, si, **kw)
+    for tile_n in (16, 32):
+        cfg = LaunchConfig.of(TILE_N=tile_n, num_warps=4, num_stages=1)
+        out, lse = _launch_vertical_slash_fwd(q, k, v, idx, scale=0.125, config=cfg)
+        assert_close_budget(out, low.out, gold.out, dtype=torch.float32, name=str(cfg))
+        assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
+    for bad in (dict(TILE_N=48), dict(TILE_N=8), dict(BLOCK_M=64)):
+        with pytest.raises(ValueError, match="TILE_N .* is its only tile, got"):
+            _launch_vertical_slash_fwd(q, k, v, idx, scale=0.125, config=LaunchConfig.of(**bad))
+
+
 # ------------------------------------------------------------------------------------------
 # Bad input
 

@@ -167,7 +167,7 @@ def _merge_config(block_n: int) -> LaunchConfig:
     ranges), so it does not share the table's entries of the whole kernel. On an H100 (128K tokens,
     the Qwen2.5-VL-7B shape, 128x128 blocks, local, clustered and random slashes) 64-key steps with
     4 warps and 2 stages were 1.16x-1.19x faster than the table's 128-key steps with 8 warps and 3
-    stages (docs/results.md, "Blocks without leftover columns skip the merge")."""
+    stages (docs/results.md, "The merge's own launch config")."""
     if on_interpreter():
         return SPEC.interpreter
     return LaunchConfig.of(TILE_N=min(64, block_n), num_warps=4, num_stages=2)

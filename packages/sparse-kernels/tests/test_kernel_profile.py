@@ -19,6 +19,10 @@ def test_short_kernel_names_drop_types_templates_and_arguments():
     assert short_kernel_name("void at::native::fill_kernel<float>(int, float*)") == (
         "at::native::fill_kernel"
     )
+    anonymous = "void (anonymous namespace)::elementwise_kernel_with_index<int, F>(int, F)"
+    assert short_kernel_name(anonymous) == "elementwise_kernel_with_index"
+    copy = "void at::native::(anonymous namespace)::CatArrayBatchedCopy<T>(T*)"
+    assert short_kernel_name(copy) == "at::native::CatArrayBatchedCopy"
     cute = "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at_"
     short = short_kernel_name(cute + "_tensorptrbf16gmem")
     assert len(short) == NAME_CHARS and short == cute[: NAME_CHARS - 3] + "..."

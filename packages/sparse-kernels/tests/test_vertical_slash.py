@@ -179,6 +179,7 @@ def test_prebuilt_index_and_empty_rows():
 def test_merge_adds_the_columns_and_leaves_blocks_without_columns_untouched():
     # Slash 0 makes the diagonal tiles ranges; vertical 10 lies in block 0's diagonal tile (no
     # leftover column there) and is a leftover column of blocks 1 and 2.
+    from sparse_kernels.tuning import LaunchConfig
     from sparse_kernels.vertical_slash.triton import _launch_vertical_slash_fwd
 
     q, k, v = make_qkv(1, 2, 1, 192, 192, 64, dtype=torch.float32, device=DEV, seed=3)
@@ -187,14 +188,16 @@ def test_merge_adds_the_columns_and_leaves_blocks_without_columns_untouched():
     kw = dict(block_m=64, block_n=64)
     idx = build_vertical_slash_index(vi, si, seq_len=192, **kw)
     assert idx.column_count.flatten().tolist() == [0, 1, 1] * 2
-    ranges = vertical_slash_attention(q, k, v, vi[..., :0], si, impl="triton", **kw)
-    out, lse = ranges.out.clone(), ranges.lse.clone()
-    out[:, :, :64], lse[:, :, :64] = float("nan"), float("nan")
-    _launch_vertical_slash_fwd(q, k, v, idx, scale=0.125, merge_into=(out, lse))
-    assert bool(out[:, :, :64].isnan().all()) and bool(lse[:, :, :64].isnan().all())
+    ranges = vertical_slash_attention(q, k, v, vi[..., :0], si, impl="triton", scale=0.125, **kw)
     want = vertical_slash_attention(q, k, v, vi, si, impl="triton", scale=0.125, **kw)
-    torch.testing.assert_close(out[:, :, 64:], want.out[:, :, 64:])
-    torch.testing.assert_close(lse[:, :, 64:], want.lse[:, :, 64:])
+    # the looked-up config, then 16 keys per step (the GPU merge's steps are shorter than a block)
+    for config in (None, LaunchConfig.of(TILE_N=16, num_warps=4, num_stages=1)):
+        out, lse = ranges.out.clone(), ranges.lse.clone()
+        out[:, :, :64], lse[:, :, :64] = float("nan"), float("nan")
+        _launch_vertical_slash_fwd(q, k, v, idx, scale=0.125, merge_into=(out, lse), config=config)
+        assert bool(out[:, :, :64].isnan().all()) and bool(lse[:, :, :64].isnan().all())
+        torch.testing.assert_close(out[:, :, 64:], want.out[:, :, 64:])
+        torch.testing.assert_close(lse[:, :, 64:], want.lse[:, :, 64:])
 
 
 def test_key_steps_named_by_the_config_compute_the_same_function():

@@ -334,7 +334,8 @@ def summary_lines(
     (``extra_info["same_op"]``; the dense baselines of sparse suites are left out) and, where
     ``targets[case] = (peer, speed-up)`` names one, whether ``ours-auto`` meets it, by how
     much it misses, and whether either sample is too spread to tell (:data:`RESOLVED_SPREAD`).
-    ``rate_target``: the least useful rate over FA4's dense rate, judged the same way. Under a
+    ``rate_target``: the least useful rate over FA4's dense rate, judged the same way (the
+    spread note names ``ours-auto`` only: the FA4 anchor's spread is not recorded). Under a
     missed target, the line that follows says where ``ours-auto``'s time went, from its
     profiled call (``extra_info["kernels_ms"]``, :mod:`sparse_kernels.kernel_profile`)."""
     cols = [p for p in PROVIDERS if any((c, p) in results for c in cases)]

@@ -16,9 +16,10 @@ NAME_CHARS = 48
 
 
 def short_kernel_name(name: str) -> str:
-    """``name`` without a leading return type, its template and argument lists, cut to
-    :data:`NAME_CHARS` characters."""
-    name = re.split(r"[<(]", name.removeprefix("void "), maxsplit=1)[0].strip()
+    """``name`` without a leading return type, anonymous namespaces, its template and argument
+    lists, cut to :data:`NAME_CHARS` characters."""
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    name = re.split(r"[<(]", name, maxsplit=1)[0].strip()
     return name if len(name) <= NAME_CHARS else name[: NAME_CHARS - 3] + "..."
 
 

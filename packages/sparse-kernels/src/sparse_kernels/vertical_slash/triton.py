@@ -40,6 +40,12 @@ SPEC = KernelSpec(
     # fp32: exact dots, slow to compile; the fewest stages and warps (and TILE_N, see _tile_n).
     fp32=LaunchConfig.of(num_warps=4, num_stages=2),
 )
+# The merge (MERGE) of 16-bit inputs: it walks gathered columns only, no ranges, so it does not
+# take the whole kernel's table entries. On an H100 (128K tokens, the Qwen2.5-VL-7B shape, 128x128
+# blocks, local and clustered slashes) 64-key steps with 4 warps and 2 stages made the merge
+# 1.16x-1.19x faster than the table's entry (128-key steps, 8 warps, 3 stages); other GPUs take it
+# unmeasured (docs/results.md, "The merge's own launch config").
+MERGE_CONFIG = LaunchConfig.of(TILE_N=64, num_warps=4, num_stages=2)
 
 
 @triton.jit
@@ -162,17 +168,6 @@ def _tile_n(dtype: torch.dtype, block_n: int) -> int:
     return block_n
 
 
-def _merge_config(block_n: int) -> LaunchConfig:
-    """The merge's launch config for 16-bit inputs. It walks gathered columns only (no tiles, no
-    ranges), so it does not share the table's entries of the whole kernel. On an H100 (128K tokens,
-    the Qwen2.5-VL-7B shape, 128x128 blocks, local, clustered and random slashes) 64-key steps with
-    4 warps and 2 stages were 1.16x-1.19x faster than the table's 128-key steps with 8 warps and 3
-    stages (docs/results.md, "The merge's own launch config")."""
-    if on_interpreter():
-        return SPEC.interpreter
-    return LaunchConfig.of(TILE_N=min(64, block_n), num_warps=4, num_stages=2)
-
-
 def _launch_vertical_slash_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -185,7 +180,8 @@ def _launch_vertical_slash_fwd(
     tma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
-    the tuner run each candidate; the merge of 16-bit inputs has its own, :func:`_merge_config`). ``merge_into``: ``(out [B, H, S, D], lse [B, H, S])``, any
+    the tuner run each candidate); the merge of 16-bit inputs on a GPU defaults to
+    :data:`MERGE_CONFIG`. ``merge_into``: ``(out [B, H, S, D], lse [B, H, S])``, any
     strides, holding the index's ranges already attended; only the columns are walked, and the
     result is written over them (the kernel's ``MERGE``; query blocks without columns are not
     touched). ``tma``: load the ranges' K/V tiles
@@ -194,8 +190,9 @@ def _launch_vertical_slash_fwd(
     either way, and ``MERGE`` walks no range."""
     B, H, S, D = q.shape
     H_KV = k.shape[1]
-    if config is None and merge_into is not None and q.dtype != torch.float32:
-        config = _merge_config(index.block_n)
+    gpu_16bit = q.dtype != torch.float32 and not on_interpreter()
+    if config is None and merge_into is not None and gpu_16bit:
+        config = MERGE_CONFIG
     if config is None:
         blocks = (index.block_m, index.block_n)
         config = choose_config(

@@ -181,13 +181,12 @@ def _launch_vertical_slash_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
     the tuner run each candidate); the merge of 16-bit inputs on a GPU defaults to
-    :data:`MERGE_CONFIG`. ``merge_into``: ``(out [B, H, S, D], lse [B, H, S])``, any
-    strides, holding the index's ranges already attended; only the columns are walked, and the
-    result is written over them (the kernel's ``MERGE``; query blocks without columns are not
-    touched). ``tma``: load the ranges' K/V tiles
-    with the copy engine (True), with index loads (False), or as
-    :func:`~sparse_kernels._triton.tma.tma_default` picks (None); columns are gathered by index
-    either way, and ``MERGE`` walks no range."""
+    :data:`MERGE_CONFIG`. ``merge_into``: ``(out [B, H, S, D], lse [B, H, S])``, any strides,
+    holding the index's ranges already attended; only the columns are walked, and the result is
+    written over them (the kernel's ``MERGE``; query blocks without columns are not touched).
+    ``tma``: load the ranges' K/V tiles with the copy engine (True), with index loads (False),
+    or as :func:`~sparse_kernels._triton.tma.tma_default` picks (None); columns are gathered by
+    index either way, and ``MERGE`` walks no range."""
     B, H, S, D = q.shape
     H_KV = k.shape[1]
     gpu_16bit = q.dtype != torch.float32 and not on_interpreter()

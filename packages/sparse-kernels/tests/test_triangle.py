@@ -278,40 +278,6 @@ def test_forced_config_matches_reference(B, H, H_KV, S_Q, S_KV, D, sink, window,
     assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
 
 
-PACKED = [pytest.param(*case.values, id=case.id) for case in ORDER_CASES] + [
-    # A group larger than the tile: one head per tile, as without PACK.
-    pytest.param(1, 40, 1, 90, 90, 64, 8, 24, 10, id="gqa40-wider-than-the-tile"),
-    # Every row an A-shape row past its sink, several position tiles per head.
-    pytest.param(1, 6, 2, 260, 260, 64, 16, 40, 0, id="gqa3-ashape-only"),
-]
-
-
-@pytest.mark.parametrize("B,H,H_KV,S_Q,S_KV,D,sink,window,last", PACKED)
-def test_packed_heads_match_reference(B, H, H_KV, S_Q, S_KV, D, sink, window, last):
-    # PACK=1: the A-shape rows of a KV group's heads share tiles (packed_triton); the last rows
-    # stay the split programs'.
-    from sparse_kernels.tuning import LaunchConfig
-
-    dtype = torch.float32 if DEV.type == "cpu" else torch.bfloat16
-    q, k, v = make_qkv(B, H, H_KV, S_Q, S_KV, D, dtype=dtype, device=DEV, seed=S_Q + H)
-    ref = dict(sink=sink, window=window, last=last)
-    gold = triangle_attention_reference(q, k, v, **ref, compute_dtype=torch.float64)
-    low = triangle_attention_reference(q, k, v, **ref, compute_dtype=q.dtype)
-    cfg = LaunchConfig.of(BLOCK_M=32, BLOCK_N=16, PACK=1, num_warps=4, num_stages=1)
-    out, lse = _launch_triangle_fwd(q, k, v, **ref, scale=D**-0.5, chunk=128, config=cfg)
-    assert_close_budget(out, low.out, gold.out, dtype=dtype)
-    assert_close_budget(lse, low.lse, gold.lse, dtype=torch.float32, floor=1e-3, name="lse")
-
-
-def test_launch_config_flags_must_be_one():
-    from sparse_kernels.tuning import LaunchConfig
-
-    q, k, v = make_qkv(1, 2, 1, 128, 128, 64, dtype=torch.float16, device="meta", seed=0)
-    bad = LaunchConfig.of(BLOCK_M=64, BLOCK_N=32, PACK=2, num_warps=4, num_stages=3)
-    with pytest.raises(ValueError, match=r"PACK: expected 1 or no PACK key, got 2 in BLOCK_M=64"):
-        _launch_triangle_fwd(q, k, v, sink=4, window=8, last=0, scale=0.125, config=bad)
-
-
 def test_window_rows_with_very_negative_scores_are_not_emptied():
     """Without a sink, a row's first key tile can be fully outside its window; a later tile whose
     scores are all very negative (here about -100 after scaling) must still set the row's maximum

@@ -23,8 +23,6 @@ from .._triton.inner import _attn_tile_inner, _finish_rows
 from .._triton.tma import kv_descriptors
 from .._validate import check_int32_key_offsets
 from ..tuning import KernelSpec, LaunchConfig, choose_config
-from .chunk_merge_triton import _triangle_merge_kernel
-from .packed_triton import _packed_a_shape_kernel, packed_grid
 from .window import window_class
 
 # Key chunks of the dense last rows are a multiple of every candidate's BLOCK_N.
@@ -250,6 +248,61 @@ def _triangle_fwd_kernel(
         tl.store(lse_ptr + (b * H + h).to(tl.int64) * S_Q + offs_m, lse, mask=o_ok)
 
 
+@triton.jit(do_not_specialize=["n_chunks"])
+def _triangle_merge_kernel(
+    ws_out_ptr,
+    ws_lse_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_o_b,
+    stride_o_h,
+    stride_o_s,
+    stride_o_d,
+    H,
+    S_Q,
+    L,
+    n_chunks,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    r_ok = r < L
+    rd_ok = r_ok[:, None] & (offs_d[None, :] < D)
+    base = bh.to(tl.int64) * n_chunks * L
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for c in range(n_chunks):
+        m = tl.maximum(m, tl.load(ws_lse_ptr + base + c * L + r, mask=r_ok, other=float("-inf")))
+    # A row that saw no key keeps m = -inf; use 0 so that exp gives 0, not NaN.
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    den = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for c in range(n_chunks):
+        rows = base + c * L + r
+        w = tl.exp(tl.load(ws_lse_ptr + rows, mask=r_ok, other=float("-inf")) - m_safe)
+        o = tl.load(ws_out_ptr + rows[:, None] * D + offs_d[None, :], mask=rd_ok, other=0.0)
+        acc += w[:, None] * o
+        den += w
+    empty = den == 0.0
+    d_safe = tl.where(empty, 1.0, den)
+    out = acc / d_safe[:, None]
+    lse = tl.where(empty, float("-inf"), m_safe + tl.log(d_safe))
+    rows_q = (S_Q - L + r).to(tl.int64)
+    o_ptrs = (
+        out_ptr
+        + b.to(tl.int64) * stride_o_b
+        + h.to(tl.int64) * stride_o_h
+        + rows_q[:, None] * stride_o_s
+        + offs_d[None, :] * stride_o_d
+    )
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=rd_ok)
+    tl.store(lse_ptr + bh.to(tl.int64) * S_Q + rows_q, lse, mask=r_ok)
+
+
 def sink_tile(sink: int) -> int:
     """Width of the sink tiles: the next power of two of ``sink``, between 16 (the narrowest
     ``tl.dot``) and 32. Larger sinks take several tiles: the sink loop's pipelined K/V buffers
@@ -264,24 +317,11 @@ def default_chunk(S_KV: int) -> int:
     return triton.cdiv(want, _CHUNK_ALIGN) * _CHUNK_ALIGN
 
 
-def fwd_grid(
-    B: int, H: int, S_Q: int, L: int, n_chunks: int, block_m: int, a_shape: bool = True
-) -> tuple[int]:
+def fwd_grid(B: int, H: int, S_Q: int, L: int, n_chunks: int, block_m: int) -> tuple[int]:
     """Grid of ``_triangle_fwd_kernel`` for BLOCK_M = ``block_m``: the split programs of every
-    head, then (with ``a_shape``) the A-shape programs of every (batch, head, row tile)."""
+    head, then the A-shape programs of every (batch, head, row tile)."""
     n_split = B * H * triton.cdiv(L, block_m) * n_chunks
-    return (n_split + (B * H * triton.cdiv(S_Q - L, block_m) if a_shape else 0),)
-
-
-def _pop_flag(launch: dict[str, int], name: str, config: LaunchConfig) -> bool:
-    """Take the kernel-level flag ``name`` (absent, or 1 to set it) out of ``launch``."""
-    got = launch.pop(name, None)
-    if got not in (None, 1):
-        raise ValueError(
-            f"triangle_attention: launch config {name}: expected 1 or no {name} key, got {got} "
-            f"in {config}"
-        )
-    return got == 1
+    return (n_split + B * H * triton.cdiv(S_Q - L, block_m),)
 
 
 def _launch_triangle_fwd(
@@ -300,9 +340,7 @@ def _launch_triangle_fwd(
     """Allocate, launch. ``config``: this launch config instead of the looked-up one (tests and
     the tuner run each candidate). ``tma``: load the window's and the last rows' K/V tiles with
     the copy engine (True) or with index loads (False); None follows the config: the copy engine
-    where it names ``TMA=1`` and :func:`~sparse_kernels._triton.tma.tma_default` allows it. A
-    config that names ``PACK=1`` runs the A-shape rows with the heads of a KV group packed into
-    each tile (``packed_triton``) where the group fits a tile (``H // H_KV <= BLOCK_M``)."""
+    where it names ``TMA=1`` and :func:`~sparse_kernels._triton.tma.tma_default` allows it."""
     check_int32_key_offsets(k, v, "triangle_attention")
     B, H, S_Q, D = q.shape
     H_KV, S_KV = k.shape[1], k.shape[2]
@@ -321,9 +359,13 @@ def _launch_triangle_fwd(
         raise ValueError(f"chunk: expected a positive multiple of {_CHUNK_ALIGN}, got {chunk}")
     n_chunks = triton.cdiv(S_KV, chunk) if L > 0 else 0
     launch = config.launch_kwargs()
-    if not _pop_flag(launch, "TMA", config) and tma is None:
+    named = launch.pop("TMA", None)
+    if named not in (None, 1):
+        raise ValueError(
+            f"triangle_attention: launch config TMA: expected 1 or no TMA key, got {named} in {config}"
+        )
+    if named is None and tma is None:
         tma = False
-    pack = _pop_flag(launch, "PACK", config) and config["BLOCK_M"] >= H // H_KV
     k_desc, v_desc = kv_descriptors(
         k, v, block_n=config["BLOCK_N"], block_d=block_d(D), tma=tma, op="triangle_attention"
     )
@@ -334,21 +376,13 @@ def _launch_triangle_fwd(
     )
     ws_lse = torch.empty((B * H, max(n_chunks, 1), max(L, 1)), dtype=torch.float32, device=q.device)
 
-    consts = dict(D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32, SINK_N=sink_tile(sink),
-                  TMA=k_desc is not None, **launch)  # fmt: skip
-    grid = fwd_grid(B, H, S_Q, L, n_chunks, config["BLOCK_M"], a_shape=not pack)
-    if grid[0] > 0:
-        _triangle_fwd_kernel[grid](
-            q, k, v, out, lse, ws_out, ws_lse, k_desc, v_desc,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            B, H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk, **consts,
-        )  # fmt: skip
-    if pack and S_Q > L:
-        _packed_a_shape_kernel[packed_grid(B, H_KV, S_Q - L, H // H_KV, config["BLOCK_M"])](
-            q, k, v, out, lse, k_desc, v_desc,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            H, H // H_KV, S_Q, S_KV, S_Q - L, scale, sink, window, **consts,
-        )  # fmt: skip
+    _triangle_fwd_kernel[fwd_grid(B, H, S_Q, L, n_chunks, config["BLOCK_M"])](
+        q, k, v, out, lse, ws_out, ws_lse, k_desc, v_desc,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        B, H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk,
+        D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32, SINK_N=sink_tile(sink),
+        TMA=k_desc is not None, **launch,
+    )  # fmt: skip
     if L > 0:
         BLOCK_R = 32
         # Axis 1 is B * H (at most 65535 programs on CUDA's second grid axis).

@@ -59,16 +59,17 @@ def kv_descriptors(
     :func:`tma_default`, True or False to choose (True raises ``ValueError`` when a layout does
     not suit a descriptor)."""
     if tma is None:
-        tma = tma_default(k, v)
+        tma = tma_default(k, v)  # checks the layouts
+    elif tma:
+        for name, t in (("k", k), ("v", v)):
+            if not tma_layout_ok(t):
+                raise ValueError(
+                    f"{op}: tma=True needs {name} with last stride 1 and 16-byte aligned strides "
+                    f"and address, got strides {tuple(t.stride())} of {t.dtype} at address "
+                    f"{t.data_ptr()} (mod 16: {t.data_ptr() % _ALIGN_BYTES})"
+                )
     if not tma:
         return None, None
-    for name, t in (("k", k), ("v", v)):
-        if not tma_layout_ok(t):
-            raise ValueError(
-                f"{op}: tma=True needs {name} with last stride 1 and 16-byte aligned strides and "
-                f"address, got strides {tuple(t.stride())} of {t.dtype} at address "
-                f"{t.data_ptr()} (mod 16: {t.data_ptr() % _ALIGN_BYTES})"
-            )
     block = [1, 1, block_n, block_d]
     return (
         TensorDescriptor(k, list(k.shape), _strides(k), block),

@@ -69,6 +69,25 @@ def test_spec_key_separates_what_triton_specializes_on():
     assert key(scalars=(0.5,)) == key(scalars=(0.5,))
 
 
+def test_spec_key_separates_tensor_descriptors():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def desc(t, block=(1, 16, 32), padding="zero"):
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), padding=padding)
+
+    def key(*descs):
+        return L.spec_key(descs, ())
+
+    a = torch.zeros(2, 64, 32, dtype=torch.float16)
+    assert key(desc(a)) == key(desc(torch.ones_like(a)))  # data apart
+    assert key(desc(a)) != key(desc(a, block=(1, 32, 32)))  # block shape
+    assert key(desc(a)) != key(desc(a.float()))  # dtype
+    assert key(desc(a)) != key(desc(a[:, :32]))  # shape
+    assert key(desc(a)) != key(desc(a, padding="nan"))
+    assert key(None) != key(desc(a)) and key(None) == key(None)  # an absent descriptor
+    assert key(desc(a)) != L.spec_key((a,), ())  # a descriptor is not its base tensor
+
+
 def test_direct_path_is_off_under_the_interpreter_and_under_a_launch_hook():
     if DEV == "cpu":  # the CPU tests run the interpreter: its kernels are not JITFunctions
         assert not isinstance(_axpy, L.JITFunction)
@@ -135,3 +154,35 @@ def test_direct_and_standard_launch_agree_on_the_planner_kernels_gpu():
     for g in got:
         for a, b in zip(g, ref, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_direct_and_standard_launch_agree_on_the_attention_kernels_gpu():
+    """The ops' kernels, tensor descriptors among their arguments on Hopper, launch directly
+    once their key is known, and compute what ``fn[grid]`` computes."""
+    from sparse_kernels import attention, triangle_attention
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (
+        torch.randn(1, h, 1024, 64, device="cuda", dtype=torch.float16, generator=g)
+        for h in (4, 2, 2)
+    )
+    calls = {
+        "dense": lambda: attention(q, k, v, causal=True, impl="triton"),
+        "a-shape": lambda: triangle_attention(q, k, v, sink=8, window=64, impl="triton"),
+        "triangle": lambda: triangle_attention(q, k, v, sink=8, window=64, last=96, impl="triton"),
+    }
+    for name, call in calls.items():
+        L._KERNELS.clear()
+        got = [call() for _ in range(3)]  # standard (first of each kernel), then direct
+        assert L._KERNELS, f"{name}: no kernel took the direct path"
+        if name == "dense" and torch.cuda.get_device_capability() >= (9, 0):
+            # its K/V tiles come through the copy engine there: descriptors in the key
+            pointers = [p for key in L._KERNELS for p in key[2][0]]
+            assert any(p is not None and p[0] is TensorDescriptor for p in pointers)
+        with _launch_hook():
+            ref = call()
+        for g_ in got:
+            for a, b in zip(g_, ref, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)

@@ -11,6 +11,8 @@ the index loads' masks do.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -40,15 +42,18 @@ def tma_layout_ok(t: torch.Tensor) -> bool:
     )
 
 
+@functools.cache
+def _has_copy_engine(device_index: int) -> bool:
+    """Whether that CUDA GPU (compute capability 9.0 and later) has the copy engine: a fixed fact
+    of the device, looked up once per process rather than on every launch."""
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
 def tma_default(*tensors: torch.Tensor) -> bool:
     """The launchers' choice when the caller names none: the copy engine on CUDA GPUs of compute
     capability 9.0 and later, for tensors whose layout suits it; index loads elsewhere."""
     t = tensors[0]
-    return (
-        t.is_cuda
-        and torch.cuda.get_device_capability(t.device) >= (9, 0)
-        and all(tma_layout_ok(x) for x in tensors)
-    )
+    return t.is_cuda and _has_copy_engine(t.device.index) and all(tma_layout_ok(x) for x in tensors)
 
 
 def kv_descriptors(

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from .._triton.config import FP32_CONFIG, block_d
 from .._triton.inner import _attn_tile_inner, _finish_rows
+from .._triton.launch import launch
 from .._triton.tma import kv_descriptors
 from .._validate import check_int32_key_offsets
 from ..tuning import KernelSpec, LaunchConfig, choose_config
@@ -168,10 +169,10 @@ def _launch_attention_fwd(
     )
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
-    _attn_fwd_kernel[(triton.cdiv(S_Q, config["BLOCK_M"]), B * H)](
-        q, k, v, out, lse, k_desc, v_desc,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, H // H_KV, S_Q, S_KV, scale,
+    launch(
+        _attn_fwd_kernel, (triton.cdiv(S_Q, config["BLOCK_M"]), B * H),
+        (q, k, v, out, lse, k_desc, v_desc),
+        (*q.stride(), *k.stride(), *v.stride(), *out.stride(), H, H // H_KV, S_Q, S_KV, scale),
         D=D, BLOCK_D=block_d(D), IS_CAUSAL=bool(causal), IEEE=q.dtype == torch.float32,
         TMA=k_desc is not None, **config.launch_kwargs(),
     )  # fmt: skip

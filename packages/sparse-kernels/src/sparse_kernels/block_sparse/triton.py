@@ -17,6 +17,7 @@ import triton.language as tl
 
 from .._triton.config import block_d
 from .._triton.inner import _finish_rows, _load_kv_tile
+from .._triton.launch import launch
 from .._triton.tma import kv_descriptors
 from ..tuning import KernelSpec, LaunchConfig, choose_config
 
@@ -229,13 +230,14 @@ def _launch_block_sparse_fwd(
     else:
         full_kv_num_blocks, full_kv_indices = kv_num_blocks, kv_indices
     nqb = -(-S_Q // block_m)
-    _block_sparse_fwd_kernel[(nqb * (block_m // config["TILE_M"]), B * H)](
-        q, k, v, out, lse,
-        kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, k_desc, v_desc,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        *_bcast_strides(kv_num_blocks, 3), *_bcast_strides(kv_indices, 3),
-        *_bcast_strides(full_kv_num_blocks, 3), *_bcast_strides(full_kv_indices, 3),
-        H, H // H_KV, S_Q, S_KV, scale,
+    launch(
+        _block_sparse_fwd_kernel, (nqb * (block_m // config["TILE_M"]), B * H),
+        (q, k, v, out, lse,
+         kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, k_desc, v_desc),
+        (*q.stride(), *k.stride(), *v.stride(), *out.stride(),
+         *_bcast_strides(kv_num_blocks, 3), *_bcast_strides(kv_indices, 3),
+         *_bcast_strides(full_kv_num_blocks, 3), *_bcast_strides(full_kv_indices, 3),
+         H, H // H_KV, S_Q, S_KV, scale),
         D=D, BLOCK_D=block_d(D), IS_CAUSAL=bool(causal), IEEE=q.dtype == torch.float32,
         HAS_FULL=has_full, MASK_BM=block_m, MASK_BN=block_n, TMA=k_desc is not None,
         **config.launch_kwargs(),

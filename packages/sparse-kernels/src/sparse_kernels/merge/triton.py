@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from .._triton.config import block_d
+from .._triton.launch import launch
 
 
 @triton.jit
@@ -63,7 +64,8 @@ def _launch_merge_fwd(
     lse = torch.empty(shape[:-1], dtype=torch.float32, device=outs[0].device)
     BLOCK_R = 64
     grid = (triton.cdiv(R, BLOCK_R),)
-    _merge_fwd_kernel[grid](
-        stacked_o, stacked_l, out, lse, len(outs), R, D, BLOCK_R=BLOCK_R, BLOCK_D=block_d(D)
-    )
+    launch(
+        _merge_fwd_kernel, grid, (stacked_o, stacked_l, out, lse), (len(outs), R, D),
+        BLOCK_R=BLOCK_R, BLOCK_D=block_d(D),
+    )  # fmt: skip
     return out, lse

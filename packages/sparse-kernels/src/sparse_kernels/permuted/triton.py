@@ -23,6 +23,7 @@ import triton.language as tl
 
 from .._triton.config import FP32_CONFIG, block_d
 from .._triton.inner import _finish_rows
+from .._triton.launch import launch
 from ..tuning import KernelSpec, LaunchConfig, choose_config
 from .reference import MAX_MODALITIES
 
@@ -583,7 +584,7 @@ def _launch_permuted_fwd(
             run_step = torch.as_tensor(kv_run_step, dtype=torch.int64, device=q.device)
             run_step = run_step.reshape(1, 1) if run_step.ndim == 0 else run_step
     dummy = kv_block_counts  # any int tensor: never read when the HAS_* flag is off
-    args = (
+    tensors = (
         q, k, v, out, lse,
         q_perm if q_perm is not None else dummy,
         kv_perm if kv_perm is not None else dummy,
@@ -596,6 +597,8 @@ def _launch_permuted_fwd(
         kv_run_starts if has_runs else dummy,
         kv_run_counts if has_runs else dummy,
         run_step if has_runs else dummy,
+    )  # fmt: skip
+    scalars = (
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *_strides3(q_perm), *_strides3(kv_perm),
         *_strides_blocks(kv_block_indices), *_strides_blocks(kv_block_counts),
@@ -622,7 +625,8 @@ def _launch_permuted_fwd(
         UNIT_STEPS=unit_steps,
         IEEE=q.dtype == torch.float32,
     )
-    _permuted_fwd_kernel[(triton.cdiv(S_Q, config["BLOCK_M"]), B * H)](
-        *args, **flags, **config.launch_kwargs()
-    )
+    launch(
+        _permuted_fwd_kernel, (triton.cdiv(S_Q, config["BLOCK_M"]), B * H), tensors, scalars,
+        **flags, **config.launch_kwargs(),
+    )  # fmt: skip
     return out, lse

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from .._triton.config import FP32_CONFIG, block_d, on_interpreter
 from .._triton.inner import _attn_tile_inner, _finish_rows, _resume_rows
+from .._triton.launch import launch
 
 
 @triton.jit
@@ -136,10 +137,10 @@ def _launch_sink_merge_fwd(
         # packages/sparse-kernels/benchmarks/sweep_sink_merge.py).
         block_m, block_n, warps, stages = 64, 16 if sink <= 16 else 32, 4, 2
     grid = (triton.cdiv(row_hi - row_lo, block_m), B * H)
-    _sink_merge_fwd_kernel[grid](
-        q, k, v, out, lse,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
-        H, H // H_KV, S_Q, S_KV, row_lo, row_hi, sink, window, scale,
+    launch(
+        _sink_merge_fwd_kernel, grid, (q, k, v, out, lse),
+        (*q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+         H, H // H_KV, S_Q, S_KV, row_lo, row_hi, sink, window, scale),
         D=D, BLOCK_D=block_d(D), IEEE=fp32, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
         num_stages=stages,
     )  # fmt: skip

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from .._triton.config import FP32_CONFIG, block_d
 from .._triton.inner import _attn_tile_inner, _finish_rows
+from .._triton.launch import launch
 from .._triton.tma import kv_descriptors
 from .._validate import check_int32_key_offsets
 from ..tuning import KernelSpec, LaunchConfig, choose_config
@@ -358,8 +359,8 @@ def _launch_triangle_fwd(
     if chunk <= 0 or chunk % _CHUNK_ALIGN:
         raise ValueError(f"chunk: expected a positive multiple of {_CHUNK_ALIGN}, got {chunk}")
     n_chunks = triton.cdiv(S_KV, chunk) if L > 0 else 0
-    launch = config.launch_kwargs()
-    named = launch.pop("TMA", None)
+    options = config.launch_kwargs()
+    named = options.pop("TMA", None)
     if named not in (None, 1):
         raise ValueError(
             f"triangle_attention: launch config TMA: expected 1 or no TMA key, got {named} in {config}"
@@ -371,23 +372,25 @@ def _launch_triangle_fwd(
     )
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, S_Q), dtype=torch.float32, device=q.device)
-    ws_out = torch.empty(
-        (B * H, max(n_chunks, 1), max(L, 1), D), dtype=torch.float32, device=q.device
-    )
-    ws_lse = torch.empty((B * H, max(n_chunks, 1), max(L, 1)), dtype=torch.float32, device=q.device)
+    if L > 0:  # the split programs' partial results
+        ws_out = torch.empty((B * H, n_chunks, L, D), dtype=torch.float32, device=q.device)
+        ws_lse = torch.empty((B * H, n_chunks, L), dtype=torch.float32, device=q.device)
+    else:  # no split program: never read, so lse (float32, like them) stands in
+        ws_out = ws_lse = lse
 
-    _triangle_fwd_kernel[fwd_grid(B, H, S_Q, L, n_chunks, config["BLOCK_M"])](
-        q, k, v, out, lse, ws_out, ws_lse, k_desc, v_desc,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        B, H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk,
+    launch(
+        _triangle_fwd_kernel, fwd_grid(B, H, S_Q, L, n_chunks, config["BLOCK_M"]),
+        (q, k, v, out, lse, ws_out, ws_lse, k_desc, v_desc),
+        (*q.stride(), *k.stride(), *v.stride(), *out.stride(),
+         B, H, H // H_KV, S_Q, S_KV, scale, sink, window, L, n_chunks, chunk),
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32, SINK_N=sink_tile(sink),
-        TMA=k_desc is not None, **launch,
+        TMA=k_desc is not None, **options,
     )  # fmt: skip
     if L > 0:
         BLOCK_R = 32
         # Axis 1 is B * H (at most 65535 programs on CUDA's second grid axis).
-        _triangle_merge_kernel[(triton.cdiv(L, BLOCK_R), B * H)](
-            ws_out, ws_lse, out, lse, *out.stride(), H, S_Q, L, n_chunks,
-            D=D, BLOCK_D=block_d(D), BLOCK_R=BLOCK_R,
+        launch(
+            _triangle_merge_kernel, (triton.cdiv(L, BLOCK_R), B * H), (ws_out, ws_lse, out, lse),
+            (*out.stride(), H, S_Q, L, n_chunks), D=D, BLOCK_D=block_d(D), BLOCK_R=BLOCK_R,
         )  # fmt: skip
     return out, lse

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from .._triton.config import on_interpreter
+from .._triton.launch import launch
 
 
 @triton.jit
@@ -41,9 +42,10 @@ def _launch_range_lists(index) -> tuple[torch.Tensor, torch.Tensor]:
     num = torch.where(listed, index.range_end - index.range_start, 0).sum(-1, dtype=torch.int32)
     width = max(int(num.max()), 1) if num.numel() else 1
     idx = torch.empty((*num.shape, width), dtype=torch.int32, device=dev)
-    _range_lists_kernel[(num.numel(),)](
-        index.range_count.contiguous(), index.range_start.contiguous(),
-        index.range_end.contiguous(), idx, R, width,
+    launch(
+        _range_lists_kernel, (num.numel(),),
+        (index.range_count.contiguous(), index.range_start.contiguous(),
+         index.range_end.contiguous(), idx), (R, width),
         BLOCK=16 if on_interpreter() else 128, num_warps=1,
     )  # fmt: skip
     return num, idx

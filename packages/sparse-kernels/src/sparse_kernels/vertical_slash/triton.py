@@ -21,6 +21,7 @@ import triton.language as tl
 
 from .._triton.config import FP32_CONFIG, block_d, on_interpreter
 from .._triton.inner import _attn_tile_inner, _finish_rows, _resume_rows
+from .._triton.launch import launch
 from .._triton.tma import kv_descriptors
 from ..tuning import KernelSpec, LaunchConfig, choose_config
 
@@ -217,11 +218,12 @@ def _launch_vertical_slash_fwd(
     )  # fmt: skip
     rs, re = index.range_start.contiguous(), index.range_end.contiguous()
     cols = index.columns.contiguous()
-    _vertical_slash_fwd_kernel[(nqb, B * H)](
-        q, k, v, out, lse,
-        index.range_count.contiguous(), rs, re, index.column_count.contiguous(), cols,
-        k_desc, v_desc, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
-        rs.shape[-1], cols.shape[-1], H, H // H_KV, S, scale,
+    launch(
+        _vertical_slash_fwd_kernel, (nqb, B * H),
+        (q, k, v, out, lse, index.range_count.contiguous(), rs, re,
+         index.column_count.contiguous(), cols, k_desc, v_desc),
+        (*q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+         rs.shape[-1], cols.shape[-1], H, H // H_KV, S, scale),
         D=D, BLOCK_D=block_d(D), IEEE=q.dtype == torch.float32,
         BLOCK_M=index.block_m, BLOCK_N=index.block_n, TILE_N=tile_n,
         MERGE=merge_into is not None, TMA=k_desc is not None, num_warps=config.num_warps,

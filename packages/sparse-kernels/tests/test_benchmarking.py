@@ -117,6 +117,20 @@ def test_rates_and_ratios():
         rate_ratio(1.0, -1.0)
 
 
+def test_warm_up_lasts_its_rounds_and_its_seconds(monkeypatch):
+    import sparse_kernels.benchmarking as bm
+
+    clock = [0.0]
+    monkeypatch.setattr(bm.time, "perf_counter", lambda: clock[0])
+
+    def call():  # each call takes 0.1 s on the fake clock
+        clock[0] += 0.1
+
+    assert bm.warm_up(call, 2, 0.35) == 4  # the seconds decide: 0.4 s after 4 calls
+    assert bm.warm_up(call, 6, 0.35) == 6  # the rounds decide
+    assert bm.warm_up(call, 1, 0.0) == 1
+
+
 def test_bench_seqs_reads_names_and_refuses_unknown_ones():
     assert bench_seqs(None) == {"32K": 32768, "128K": 131072}
     assert bench_seqs("512K,1M") == {"512K": 524288, "1M": 1048576}

@@ -8,6 +8,7 @@ import dataclasses
 import datetime
 import math
 import platform
+import time
 from collections.abc import Callable
 from importlib import metadata
 from types import MappingProxyType
@@ -189,14 +190,40 @@ def cuda_times_ms(fn: Callable[[], object], *, warmup: int = 3, rep: int = 10) -
     return sorted(times)
 
 
-def run_benchmark(benchmark, fn: Callable[[], object], *, rounds: int = 10, warmup_rounds: int = 2):
-    """Time ``fn`` with pytest-benchmark, the GPU synchronised inside the timed call."""
+# Seconds of warm-up calls before any timed one. A GPU left idle by a setup pause (inputs, index
+# build, oracle check) runs its next calls slower for a while: on an H100 the first provider of
+# each 128K case of bench_triangle.py, a 3-4 ms call after 3 warm-up calls, timed 6-15% slower
+# than the same kernel timed next, its rounds still falling (3.48 -> 3.30 ms, the next 3.03).
+WARMUP_S = 0.5
+
+
+def warm_up(call: Callable[[], object], rounds: int, seconds: float) -> int:
+    """Call ``call`` at least ``rounds`` times and until ``seconds`` have passed; return the
+    number of calls."""
+    n, start = 0, time.perf_counter()
+    while n < rounds or time.perf_counter() - start < seconds:
+        call()
+        n += 1
+    return n
+
+
+def run_benchmark(
+    benchmark,
+    fn: Callable[[], object],
+    *,
+    rounds: int = 10,
+    warmup_rounds: int = 2,
+    warmup_s: float = WARMUP_S,
+):
+    """Time ``fn`` with pytest-benchmark, the GPU synchronised inside the timed call, after a
+    warm-up of at least ``warmup_rounds`` calls and ``warmup_s`` seconds (:func:`warm_up`)."""
 
     def call():
         fn()
         torch.cuda.synchronize()
 
-    return benchmark.pedantic(call, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1)
+    warm_up(call, warmup_rounds, warmup_s)
+    return benchmark.pedantic(call, rounds=rounds, iterations=1)
 
 
 def run_length_benchmark(benchmark, fn: Callable[[], object], S: int, *, profile: bool = False):
@@ -226,9 +253,8 @@ def cudnn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[
 
 
 def bench_rounds(S: int) -> dict[str, int]:
-    """Rounds for ``run_benchmark`` by sequence length: fewer where one call takes seconds. Short
-    calls get more warm-up: a provider timed right after a setup pause (index build, oracle
-    check) ran up to 15% slower than the same kernel timed next with 2 warm-up calls at 32K."""
+    """Rounds for ``run_benchmark`` by sequence length: fewer where one call takes seconds. Its
+    warm-up also lasts at least :data:`WARMUP_S` seconds, whatever the calls' length."""
     if S >= 524288:
         return dict(rounds=2, warmup_rounds=1)
     if S >= 131072:

@@ -190,10 +190,10 @@ def cuda_times_ms(fn: Callable[[], object], *, warmup: int = 3, rep: int = 10) -
     return sorted(times)
 
 
-# Seconds of warm-up calls before any timed one. A GPU left idle by a setup pause (inputs, index
-# build, oracle check) runs its next calls slower for a while: on an H100 the first provider of
-# each 128K case of bench_triangle.py, a 3-4 ms call after 3 warm-up calls, timed 6-15% slower
-# than the same kernel timed next, its rounds still falling (3.48 -> 3.30 ms, the next 3.03).
+# Seconds of warm-up calls before any timed one. On an H100 the first provider of each 128K case
+# of bench_triangle.py, a 3-4 ms call after 3 warm-up calls, timed 6-15% slower than the same
+# kernel timed next; a few calls of a short op are no warm-up for a GPU that sat idle during the
+# case's setup (inputs, index build, oracle check).
 WARMUP_S = 0.5
 
 

@@ -91,9 +91,9 @@ def _params(fn: JITFunction) -> tuple:
 def launch(fn, grid: tuple[int, ...], tensors: tuple, scalars: tuple, **kwargs) -> None:
     """``fn[grid](*tensors, *scalars, **kwargs)``, launched directly when
     :func:`direct_enabled` (see the module docstring). ``tensors``: the kernel's leading
-    arguments (tensors, tensor descriptors, or None for an absent descriptor); ``scalars``: the runtime arguments after them (ints, floats,
-    bools), each position always of one type; ``kwargs``: constexprs by name and launch
-    options (``num_warps``, ``num_stages``)."""
+    arguments (tensors, tensor descriptors, or None for an absent descriptor); ``scalars``: the
+    runtime arguments after them (ints, floats, bools), each position always of one type;
+    ``kwargs``: constexprs by name and launch options (``num_warps``, ``num_stages``)."""
     if not isinstance(fn, JITFunction) or not direct_enabled():
         fn[grid](*tensors, *scalars, **kwargs)
         return
